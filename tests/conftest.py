@@ -1,0 +1,24 @@
+"""Test-wide settings: quiet TensorFlow, CPU only, and a helper for running the programs.
+
+Each test module owns its own fixtures; shared, slow graphs are built once per module
+(`scope="module"`).  TensorFlow processes started by tests are small: a few steps, tiny batches.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_program(args, cwd=None, timeout=600):
+    """Run `python <args...>` from the repository root (or `cwd`) and return the CompletedProcess.
+
+    stdout and stderr are captured as text; the caller asserts on them.
+    """
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd or ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
