@@ -1,0 +1,385 @@
+"""The MNIST multi-GPU trainer in today's TensorFlow: Keras 3, MirroredStrategy, tf.function.
+
+The modern twin of `legacy/mnist_multi_gpu.py`, which reproduces `shared/seeds/002_aa2519352e58d18e.txt`
+(the book's chapter-10 `mnist_multi_gpu_train.py`): the same 784-500-10 network, l2 regulariser,
+learning-rate decay, gradient descent and moving average of the weights, with the towers replaced by
+the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository root):
+
+    python modern/mnist.py                          # embedded synthetic data, 2 replicas, 1000 steps
+    python modern/mnist.py --num_replicas 4 --data_path data/mnist/train.tfrecords
+    python modern/mnist.py --same_batch_per_replica # the legacy quirk: one batch on every replica
+    python modern/mnist.py --deterministic          # bit-identical reruns
+
+A second invocation with the same --model_save_path resumes from the latest checkpoint.
+Defaults are the original's constants (BATCH_SIZE 100 per replica, LEARNING_RATE_BASE 0.001,
+LEARNING_RATE_DECAY 0.99, REGULARAZTION_RATE 0.0001, TRAINING_STEPS 1000, MOVING_AVERAGE_DECAY 0.99,
+N_GPU 2), one flag each with the legacy program's names (`--num_replicas` for `--num_gpus`).
+Without enough GPUs each replica runs on its own virtual CPU device (`modern/runtime.py`).
+
+How the legacy graph maps onto this file:
+  mnist_inference.inference + l2_regularizer  ->  build_model(): Dense 'layer1', 'layer2', L2(scale/2)
+  get_loss per tower                          ->  compute_replica_loss(): scaled for the global batch
+  exponential_decay + GradientDescentOptimizer ->  make_optimizer(): SGD(ExponentialDecay)
+  tower_grads, average_gradients, apply        ->  make_train_step(): strategy.run, SUM-reduce, apply
+  ExponentialMovingAverage(0.99, global_step)  ->  make_moving_average(), applied after each update
+  tf.train.Saver                              ->  tf.train.Checkpoint + CheckpointManager (+ resume)
+Where this differs from the legacy program (each also commented in place):
+  * each replica gets its own batch by default (the legacy's `--per_tower_batches`);
+    `--same_batch_per_replica` reproduces the original's one batch on every tower;
+  * the moving average always runs after the update (the legacy's `--ordered_ema`);
+  * the logged loss is the global batch's (mean cross-entropy + regulariser), not the last tower's;
+  * the summaries use this step's gradients instead of pulling one more batch through the towers;
+  * checkpoints restore (resume), and the averaged weights are evaluated on the held-out set.
+"""
+import argparse
+import os
+import sys
+import time
+from datetime import datetime
+
+if __package__ in (None, ""):  # `python modern/mnist.py`: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
+                            write_histogram, write_scalar)
+from records import mnist as mnist_records  # noqa: E402
+
+INPUT_NODE = mnist_records.IMAGE_PIXELS  # 784
+LAYER1_NODE = 500
+OUTPUT_NODE = mnist_records.NUM_CLASSES  # 10
+EVAL_BATCH_SIZE = 1000
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameters: the original's constants, one flag each (names as in legacy/mnist_multi_gpu.py).
+# ----------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch_size", type=int, default=100, help="BATCH_SIZE, per replica")
+    p.add_argument("--learning_rate_base", type=float, default=0.001, help="LEARNING_RATE_BASE")
+    p.add_argument("--learning_rate_decay", type=float, default=0.99, help="LEARNING_RATE_DECAY")
+    p.add_argument("--regularization_rate", type=float, default=0.0001, help="REGULARAZTION_RATE")
+    p.add_argument("--training_steps", type=int, default=1000, help="TRAINING_STEPS")
+    p.add_argument("--moving_average_decay", type=float, default=0.99, help="MOVING_AVERAGE_DECAY")
+    p.add_argument("--num_replicas", type=int, default=2, help="N_GPU: the number of replicas")
+    p.add_argument("--model_save_path", default="logs_and_models/modern/",
+                   help="MODEL_SAVE_PATH: checkpoints and events (a folder of its own: the legacy "
+                        "program's TF1 checkpoints live in logs_and_models/)")
+    p.add_argument("--model_name", default="model.ckpt", help="MODEL_NAME")
+    p.add_argument("--data_path", default=None,
+                   help="DATA_PATH, a TFRecord in the original's format; default: the embedded "
+                        "synthetic set, made under data/mnist/ on first use")
+    p.add_argument("--eval_data_path", default=None,
+                   help="held-out TFRecord for the averaged model's accuracy; default: the embedded "
+                        "held-out set when --data_path is not given, else no evaluation")
+    p.add_argument("--same_batch_per_replica", action="store_true",
+                   help="reproduce the original: every replica trains on the same batch")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="seed everything (--seed, default 0) and enable op determinism")
+    args = p.parse_args(argv)
+    if args.batch_size < 1 or args.num_replicas < 1 or args.training_steps < 1:
+        p.error("--batch_size, --num_replicas and --training_steps must be at least 1")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: the original's pipeline (parse, shuffle 10000, repeat 10, batch), fed to the replicas.
+# ----------------------------------------------------------------------------------------------
+def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0):
+    """The original's `get_input`, as a dataset of *global* batches for `experimental_distribute_dataset`.
+
+    Each replica receives `batch_size` rows.  By default they are different rows (the global batch is
+    batch_size * num_replicas consecutive examples); with `same_batch_per_replica` one batch of
+    `batch_size` is tiled num_replicas times, so the strategy hands every replica the same rows, as
+    the original's single `get_input()` call feeds every tower.  `skip_batches` skips the batches a
+    resumed run has already trained on.
+    """
+    dataset = tf.data.TFRecordDataset([data_path])
+    dataset = dataset.map(mnist_records.parser)  # the original's parser: raw 0..255 pixel floats
+    dataset = dataset.shuffle(buffer_size=10000)
+    dataset = dataset.repeat(10)
+    if same_batch_per_replica:
+        dataset = dataset.batch(batch_size)
+        dataset = dataset.map(lambda x, y: (tf.tile(x, [num_replicas, 1]), tf.tile(y, [num_replicas])))
+    else:
+        dataset = dataset.batch(batch_size * num_replicas)
+    return dataset.skip(skip_batches).prefetch(2)
+
+
+def check_data(data_path, eval_data_path):
+    """The data files to read (the embedded default when None), each checked record by record."""
+    try:
+        if data_path is None:
+            default = mnist_records.ensure_default_data()
+            data_path, eval_data_path = default.train, eval_data_path or default.eval
+        num_examples = len(mnist_records.load_tfrecords(data_path)[1])
+        num_eval = len(mnist_records.load_tfrecords(eval_data_path)[1]) if eval_data_path else 0
+    except mnist_records.MnistDataError as e:
+        raise UsageError(str(e)) from None
+    return data_path, num_examples, eval_data_path, num_eval
+
+
+# ----------------------------------------------------------------------------------------------
+# Model: the book's mnist_inference, 784 -> 500 (relu) -> 10.
+# ----------------------------------------------------------------------------------------------
+def build_model(regularization_rate=0.0001):
+    """The 784-500-10 network of `legacy/mnist_inference.py` as a Keras model.
+
+    Dense layers 'layer1' and 'layer2' (kernel <-> TF1 'layerN/weights', bias <-> 'layerN/biases'),
+    kernels truncated normal with stddev 0.1, biases zero.  The l2 regulariser has the legacy scale:
+        contrib l2_regularizer(s)(w) = s * tf.nn.l2_loss(w) = s * sum(w**2) / 2 = keras L2(s / 2)(w)
+    (keras' L2(s) alone would be twice the legacy term).  Only the kernels are regularised.
+    """
+    def dense(units, name, activation=None):
+        return keras.layers.Dense(
+            units, activation=activation, name=name,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.1),
+            bias_initializer="zeros",
+            kernel_regularizer=keras.regularizers.L2(regularization_rate / 2))
+
+    return keras.Sequential([keras.Input((INPUT_NODE,)),
+                             dense(LAYER1_NODE, "layer1", activation="relu"),
+                             dense(OUTPUT_NODE, "layer2")], name="mnist")
+
+
+LEGACY_NAMES = {"kernel": "weights", "bias": "biases"}
+
+
+def legacy_name(variable):
+    """The TF1 name of a model variable: 'layer1/kernel' -> 'layer1/weights', 'layer1/bias' -> 'layer1/biases'."""
+    layer, kind = variable.path.split("/")[-2:]
+    return f"{layer}/{LEGACY_NAMES[kind]}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss of one replica.
+# ----------------------------------------------------------------------------------------------
+def compute_replica_loss(model, x, labels, global_batch_size, training=True):
+    """One replica's share of the loss: summed over the replicas it is the legacy loss.
+
+    Legacy tower i (b rows):  L_i = mean_i(ce) + R(w),  update gradient  (1/N) sum_i grad L_i.
+    Replica i here:           l_i = sum_i(ce) / B + R(w) / N,   B = global batch rows,
+    and the strategy SUMS the replicas' gradients:
+        sum_i grad l_i = (1/B) sum_rows grad ce + grad R
+                       = (1/N) sum_i grad mean_i(ce) + grad R      when every replica has b = B/N rows,
+    i.e. the regulariser counts once (as each legacy tower holds its own terms once), and the
+    average over towers becomes a sum over replicas.  With the same batch on every replica
+    (B = N*b) it is the gradient of one tower's loss, as in the original.
+
+    Args:
+      x: float32 [rows, 784] raw pixels (0..255, unscaled as the original feeds them).
+      labels: int32 [rows].
+      global_batch_size: rows in the whole step's batch, over all replicas (int or int32 tensor).
+    Returns the scalar loss for this replica.
+    """
+    logits = model(x, training=training)
+    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    cross_entropy = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+    regularization = tf.nn.scale_regularization_loss(tf.add_n(model.losses))  # R(w) / N
+    return cross_entropy + regularization
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning rate, optimizer and moving average.
+# ----------------------------------------------------------------------------------------------
+def make_optimizer(learning_rate_base=0.001, decay_steps=60000 / 100, learning_rate_decay=0.99):
+    """SGD on the legacy schedule: lr = base * decay ** (step / decay_steps), not staircase.
+
+    Keras evaluates the schedule at `optimizer.iterations` before incrementing it, as the legacy
+    graph reads `global_step` before `apply_gradients` increments it: step n uses the same lr.
+    """
+    schedule = keras.optimizers.schedules.ExponentialDecay(
+        learning_rate_base, decay_steps, learning_rate_decay, staircase=False)
+    return keras.optimizers.SGD(learning_rate=schedule)
+
+
+def make_moving_average(model, optimizer, decay=0.99):
+    """The legacy `ExponentialMovingAverage(decay, global_step)` over the trainable variables.
+
+    With num_updates n = optimizer.iterations (read after the update, as the legacy `--ordered_ema`):
+        decay_n = min(decay, (1 + n) / (10 + n));   shadow <- shadow - (1 - decay_n) * (shadow - w)
+    Call in the strategy's scope: the shadows are mirrored like the weights.  The `apply` here only
+    creates them (each starts equal to its variable, and averaging w with w leaves w: no change).
+    Returns (ema, shadows) with shadows a dict legacy name -> shadow variable, for checkpoints.
+    """
+    ema = tf.train.ExponentialMovingAverage(decay, num_updates=optimizer.iterations)
+    variables = [v.value for v in model.trainable_variables]  # the tf.Variables under the Keras ones
+    ema.apply(variables)
+    shadows = {legacy_name(v): ema.average(v.value) for v in model.trainable_variables}
+    return ema, shadows
+
+
+# ----------------------------------------------------------------------------------------------
+# One training step over all replicas.
+# ----------------------------------------------------------------------------------------------
+def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None, return_grads=False):
+    """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
+
+    dist_batch is an (x, labels) element of `strategy.experimental_distribute_dataset`.  Each
+    replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces the
+    replicas' gradients (the legacy `average_gradients`, see compute_replica_loss) and applies them
+    once to every copy of the weights; then `ema` (if given) averages the updated weights.
+    global_batch_size: None counts the rows actually present in each step (a short last batch is
+    weighted by its true size); an int fixes it.
+    With return_grads, returns (loss, the summed gradients aligned with model.trainable_variables).
+    """
+    variables = model.trainable_variables
+
+    def replica_step(x, labels):
+        rows = global_batch_size
+        if rows is None:
+            rows = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
+        with tf.GradientTape() as tape:
+            loss = compute_replica_loss(model, x, labels, rows, training=True)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one update
+        return loss, grads
+
+    @tf.function
+    def train_step(dist_batch):
+        with strategy.scope():  # this strategy's cross-replica context, wherever we are called from
+            per_replica_loss, per_replica_grads = strategy.run(replica_step, args=dist_batch)
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            if ema is not None:
+                # Cross-replica, on the mirrored weights; tf.function orders it after the update
+                # (the legacy --ordered_ema), so num_updates reads the incremented step.
+                ema.apply([v.value for v in variables])
+            if return_grads:
+                return loss, [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None)
+                              for g in per_replica_grads]
+        return loss
+
+    return train_step
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation with the averaged weights (the book's mnist_eval.py).
+# ----------------------------------------------------------------------------------------------
+def evaluate_averaged(shadows, eval_data_path, regularization_rate=0.0001):
+    """Accuracy on `eval_data_path` of the network whose weights are the moving-average shadows."""
+    averaged = build_model(regularization_rate)
+    for v in averaged.trainable_variables:
+        v.assign(shadows[legacy_name(v)].read_value())
+    dataset = tf.data.TFRecordDataset([eval_data_path]).map(mnist_records.parser).batch(EVAL_BATCH_SIZE)
+
+    @tf.function
+    def correct(x, labels):
+        predictions = tf.argmax(averaged(x, training=False), 1, output_type=tf.int32)
+        return tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.int32))
+
+    right = total = 0
+    for x, labels in dataset:
+        right += int(correct(x, labels))
+        total += int(labels.shape[0])
+    return right / total
+
+
+# ----------------------------------------------------------------------------------------------
+# The main training process.
+# ----------------------------------------------------------------------------------------------
+def train(args):
+    if args.deterministic:
+        enable_determinism(0 if args.seed is None else args.seed)
+    elif args.seed is not None:
+        keras.utils.set_random_seed(args.seed)
+    strategy = make_strategy(args.num_replicas)  # before any other TF op: may split the CPU
+    n = strategy.num_replicas_in_sync
+    data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
+    check_writable(args.model_save_path, "--model_save_path")
+    print(f"data: {data_path} ({num_examples} examples)"
+          + (f"; held-out: {eval_data_path} ({num_eval} examples)" if eval_data_path else ""))
+    if args.same_batch_per_replica:
+        print(f"--same_batch_per_replica: as the original, all {n} replicas train on the same batch of "
+              f"{args.batch_size}; examples/sec counts it once per replica.")
+    else:
+        print(f"Each of the {n} replicas trains on its own batch of {args.batch_size} "
+              f"({args.batch_size * n} distinct examples per step).")
+
+    with strategy.scope():
+        model = build_model(args.regularization_rate)
+        optimizer = make_optimizer(args.learning_rate_base, 60000 / args.batch_size, args.learning_rate_decay)
+        optimizer.build(model.trainable_variables)
+        ema, shadows = make_moving_average(model, optimizer, args.moving_average_decay)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows)
+    manager = tf.train.CheckpointManager(checkpoint, args.model_save_path, max_to_keep=5,
+                                         checkpoint_name=args.model_name)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+        print(f"Resuming from {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy())}")
+    start = int(optimizer.iterations.numpy())
+    if start >= args.training_steps:
+        print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
+
+    dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True)
+    writer = tf.summary.create_file_writer(args.model_save_path)
+    variables = model.trainable_variables
+
+    step, done, saved, loss_value = start - 1, None, None, float("nan")
+    begin = time.time()
+    try:
+        for step in range(start, args.training_steps):
+            start_time = time.time()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                print(f"The input ran out (repeat 10 of {num_examples} examples) at step {step}; stopping here.")
+                break
+            loss, grads = train_step(batch)
+            loss_value = float(loss)
+            duration = time.time() - start_time
+            done = step
+            if step != 0 and step % 10 == 0:
+                # The legacy count: batch_size rows per replica per step (with --same_batch_per_replica
+                # the same rows num_replicas times), and duration / num_replicas seconds per batch.
+                examples_per_sec = args.batch_size * n / duration
+                format_str = '%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)'
+                print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n))
+                with writer.as_default():
+                    write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
+                    for g, v in zip(grads, variables):
+                        write_histogram(f"gradients_on_average/{legacy_name(v)}", g, step)
+                    for v in variables:
+                        write_histogram(legacy_name(v), v.value, step)
+            if step % 1000 == 0 or (step + 1) == args.training_steps:
+                manager.save(checkpoint_number=step)
+                saved = step
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        raise UsageError(f"reading {data_path} failed at step {step}: {e.message}") from None
+    finally:
+        writer.close()
+    if done is not None and saved != done:
+        manager.save(checkpoint_number=done)
+    elapsed = time.time() - begin
+
+    steps_run = 0 if done is None else done + 1 - start
+    print(f"Ended: {steps_run} steps (through step {step}) in {elapsed:.1f} s"
+          + (f", {steps_run * args.batch_size * n / elapsed:.1f} examples/sec" if steps_run else "")
+          + f"; last loss {loss_value:.4f}.")
+    if eval_data_path:
+        accuracy = evaluate_averaged(shadows, eval_data_path, args.regularization_rate)
+        # The book's mnist_eval.py line.
+        print("After %d training step(s), validation accuracy using average model is %g"
+              % (int(optimizer.iterations.numpy()), accuracy))
+    print(f"checkpoints and events in {args.model_save_path}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

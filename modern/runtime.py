@@ -1,0 +1,115 @@
+"""Run-time set-up shared by the modern trainers: replica devices, determinism, the model folder.
+
+Replica devices: GPUs when there are enough, else virtual CPU devices.
+
+The legacy programs put tower i on `/gpu:i`, or on the i-th virtual CPU device of a TF1 session
+(`legacy/towers.py`).  The modern programs do the same with `tf.distribute.MirroredStrategy`:
+
+    devices = configure_devices(2)      # before TensorFlow's runtime starts
+    strategy = make_strategy(2)         # MirroredStrategy over those devices, logs where they are
+
+Splitting the CPU into N logical devices (`tf.config.set_logical_device_configuration`) is only
+possible before the runtime initialises (the first op, tensor or `list_logical_devices` call), so
+call `configure_devices` first thing.  MirroredStrategy with no argument would only see GPUs (or
+the single `/cpu:0`), so the virtual CPUs are named explicitly.
+"""
+import os
+import tempfile
+
+import keras
+import tensorflow as tf
+
+
+class UsageError(Exception):
+    """Bad input to a modern program (data, devices, model folder): one paragraph, exit code 2."""
+
+
+class DeviceSetupError(UsageError):
+    """The replica devices cannot be arranged as asked."""
+
+
+def configure_devices(num_replicas):
+    """Make `num_replicas` devices available and return their names.
+
+    GPUs are used when there are at least `num_replicas` of them.  Otherwise the physical CPU is split
+    into `num_replicas` logical CPU devices (`/cpu:0` ... `/cpu:N-1`).  If TensorFlow's runtime has
+    already started with fewer logical CPUs than asked, that cannot be changed any more: raise
+    DeviceSetupError.  A runtime that already has at least `num_replicas` logical CPUs is reused
+    (the first `num_replicas` of them), so a test process can build strategies of several sizes.
+    """
+    if num_replicas < 1:
+        raise DeviceSetupError(f"--num_replicas must be at least 1, got {num_replicas}.")
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= num_replicas:
+        return [f"/gpu:{i}" for i in range(num_replicas)]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is None or len(current) < num_replicas:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_replicas)])
+        except RuntimeError as e:  # "Virtual devices cannot be modified after being initialized"
+            have = len(tf.config.list_logical_devices("CPU"))
+            if have < num_replicas:
+                raise DeviceSetupError(
+                    f"{num_replicas} replicas need {num_replicas} logical CPU devices, but TensorFlow's "
+                    f"runtime has already started with {have}; logical devices can only be configured "
+                    f"before the first TensorFlow op runs. Call configure_devices({num_replicas}) "
+                    f"first thing in the process (TensorFlow says: {e}).") from None
+    return [f"/cpu:{i}" for i in range(num_replicas)]
+
+
+def placement_message(devices):
+    """One log line saying where the replicas are (the modern twin of the legacy tower line)."""
+    if devices and devices[0].startswith("/gpu"):
+        return f"replicas placed on {len(devices)} GPUs: {', '.join(devices)}"
+    return (f"no GPUs for {len(devices)} replicas: each replica runs on its own virtual CPU device "
+            f"({', '.join(devices)})")
+
+
+def make_strategy(num_replicas, log=print):
+    """A MirroredStrategy over `configure_devices(num_replicas)`, after logging where replicas are."""
+    devices = configure_devices(num_replicas)
+    strategy = tf.distribute.MirroredStrategy(devices=devices)
+    if log is not None:
+        log(placement_message(devices))
+    return strategy
+
+
+def enable_determinism(seed):
+    """Seed every generator (Python, numpy, TensorFlow, Keras) and make TF's kernels deterministic.
+
+    `enable_op_determinism` makes ops that would pick a non-deterministic kernel (or reduce in a
+    racy order) either pick a deterministic one or raise; with the seeds fixed, two runs give
+    bit-identical losses and weights.  tf.data stays deterministic as long as the pipeline does not
+    set `deterministic=False`.
+    """
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def check_writable(folder, flag):
+    """Make `folder` and prove a file can be written there, or raise UsageError naming `flag`."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(f"the folder {folder} is not writable ({e.strerror or e}); "
+                         f"pass {flag} with a folder you can write to") from None
+
+
+# TensorBoard is not a dependency of TF 2.21 (nor of this project), and without it `tf.summary.scalar`
+# and `tf.summary.histogram` raise TBNotInstalledError.  TF's own summary ops (the ones the legacy
+# graph's `tf.summary.scalar` builds) write the same records, readable by TensorBoard and by
+# `tf.compat.v1.train.summary_iterator`; `write_raw_pb` puts them in the tf.summary default writer.
+def write_scalar(tag, value, step):
+    """Write one scalar summary (a legacy `simple_value`) to the default tf.summary writer."""
+    summary = tf.raw_ops.ScalarSummary(tags=tag, values=tf.cast(value, tf.float32))
+    return tf.summary.experimental.write_raw_pb(summary, step=step)
+
+
+def write_histogram(tag, values, step):
+    """Write one histogram summary (a legacy `histo`) to the default tf.summary writer."""
+    summary = tf.raw_ops.HistogramSummary(tag=tag, values=values)
+    return tf.summary.experimental.write_raw_pb(summary, step=step)
