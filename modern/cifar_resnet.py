@@ -1,0 +1,482 @@
+"""The two-tower CIFAR-10 ResNet-v2-50 trainer in today's TensorFlow: Keras 3, MirroredStrategy, tf.function.
+
+The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_a2968b8fe060e3c0.txt`
+("tensorflow multi-GPU training gives loss nan").  Run it (from the repository root)::
+
+    python modern/cifar_resnet.py                                  # embedded synthetic data, ~3 min on 2 CPUs
+    python modern/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
+    python modern/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
+    python modern/cifar_resnet.py --num_replicas 4 --deterministic
+
+Run it again with the same --model_dir and it resumes from the latest checkpoint (model, optimizer,
+step, best validation accuracy).
+
+The same training as the legacy graph, written the TF2 way:
+  towers sliced from a fed batch      ->  tf.data + strategy.experimental_distribute_dataset
+  slim resnet_v2_50 + Logits head     ->  modern.resnet_v2.resnet_v2_50 (slim-exact, same names)
+  per-tower mean loss, average_gradients  ->  compute_replica_loss (scaled by the global batch),
+                                          gradients SUM-all-reduced by the optimizer
+  AdamOptimizer(piecewise_constant)   ->  make_optimizer: Adam(PiecewiseConstantDecay, epsilon=1e-8)
+  UPDATE_OPS before apply_gradients   ->  batch norm updates its moving statistics in the forward pass
+  Saver, best model by val accuracy   ->  tf.train.CheckpointManager (and resume)
+  tf.summary.scalar lr/accuracy/loss  ->  the same tags, in <log_dir>/train and <log_dir>/valid
+  saver_restore excluding 'Logits'    ->  modern.checkpoints.load_tf1_checkpoint(exclude_scopes='Logits')
+
+Defaults are the original's constants, each a flag with the legacy program's name (`--num_replicas`
+for `--num_towers`), including the legacy *embedded default profile*: with no data given, a small
+synthetic CIFAR-shaped set (`records.cifar10`) and batch_size 32, valid_batch_size 50, 12 epochs,
+unless set on the command line (the numbers of `legacy/cifar_resnet.py`'s EMBEDDED_PROFILE).
+
+Where it differs from the legacy program, on purpose:
+  * no rows are ever lost: the short last batch (and one not divisible by the replica count, or
+    smaller than it) is split over the replicas whole and every row weighs 1/rows (the legacy fix
+    `current_batch_size = rows // towers` drops the remainder);
+  * the logged loss and accuracy are the whole global batch's (the legacy logs the LAST tower's
+    loss and tower 0's accuracy), and validation averages over rows, not over batches;
+  * training images go through `preprocess_for_test` as in the original (quirk kept), unless
+    --augment asks for `preprocess_for_train`.
+"""
+import argparse
+import os
+import sys
+import time
+
+if __package__ in (None, ""):  # `python modern/cifar_resnet.py`: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from modern import checkpoints as tf1_checkpoints  # noqa: E402
+from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
+from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
+                            write_scalar)
+from records import cifar10  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------
+# Parameters: the original's constants (as legacy/cifar_resnet.py names them), one flag each.
+# ----------------------------------------------------------------------------------------------
+num_replicas = 2
+num_classes = cifar10.NUM_CLASSES
+batch_size = 256
+valid_batch_size = 256
+shuffle_buffer = 50000
+NUM_EPOCHS = 200
+boundaries = [10000, 25000]
+values = [0.001, 0.0001, 0.00001]
+keep_prob_train = 0.6
+log_every = 10
+valid_every = 100
+resnet_model_path = "./resnet_v2_50.ckpt"  # the original restores it; used here if present
+models_dir = "./models/modern"             # the legacy program writes ./models/temporary
+logs_dir = "./logs/modern"                 # the legacy program writes ./logs/temporary
+checkpoint_exclude_scopes = "Logits"
+
+# The embedded default profile, duplicated from legacy/cifar_resnet.py (EMBEDDED_DATA_DIR,
+# EMBEDDED_PROFILE) so that both programs make the same ~3-minute default run; keep them in step.
+EMBEDDED_DATA_DIR = "./data/cifar10_synthetic"
+EMBEDDED_PROFILE = {"batch_size": 32, "valid_batch_size": 50, "epochs": 12}
+ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--num_replicas", type=int, default=num_replicas,
+                   help="replicas (one per GPU; virtual CPU devices when there are too few GPUs)")
+    p.add_argument("--batch_size", type=int, default=None,
+                   help=f"global batch, split across replicas (original {batch_size}; embedded "
+                        f"profile {EMBEDDED_PROFILE['batch_size']})")
+    p.add_argument("--valid_batch_size", type=int, default=None,
+                   help=f"original {valid_batch_size}; embedded profile {EMBEDDED_PROFILE['valid_batch_size']}")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"passes over the training set (original {NUM_EPOCHS}; embedded profile "
+                        f"{EMBEDDED_PROFILE['epochs']})")
+    p.add_argument("--max_steps", type=int, default=None, help="stop after this many steps (in all, across resumes)")
+    p.add_argument("--shuffle_buffer", type=int, default=shuffle_buffer)
+    p.add_argument("--boundaries", type=int, nargs="+", default=boundaries)
+    p.add_argument("--values", type=float, nargs="+", default=values)
+    p.add_argument("--keep_prob", type=float, default=keep_prob_train,
+                   help="dropout keep probability in training (Keras Dropout rate = 1 - keep_prob)")
+    p.add_argument("--augment", action="store_true",
+                   help="train on preprocess_for_train (the original trains on preprocess_for_test)")
+    p.add_argument("--data_dir", help="folder with train.tfrecords and test.tfrecords; default: the "
+                                      "embedded synthetic set")
+    p.add_argument("--train_tfrecords", nargs="+", help="training TFRecord files (overrides --data_dir)")
+    p.add_argument("--test_tfrecords", nargs="+", help="validation TFRecord files (overrides --data_dir)")
+    p.add_argument("--pretrained", default=None,
+                   help=f"TF1 resnet_v2_50 checkpoint to restore all but Logits from (default: "
+                        f"{resnet_model_path} if present); ignored when resuming")
+    p.add_argument("--model_dir", default=models_dir)
+    p.add_argument("--log_dir", default=logs_dir)
+    p.add_argument("--log_every", type=int, default=log_every)
+    p.add_argument("--valid_every", type=int, default=valid_every)
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="seed everything (--seed, default 0) and enable op determinism")
+    p.add_argument("--units_per_block", type=int, nargs=4, default=None, metavar="N",
+                   help="for quick tests only: units in blocks 1-4 (ResNet-v2-50 has 3 4 6 3)")
+    args = p.parse_args(argv)
+    if args.num_replicas < 1:
+        p.error("--num_replicas must be at least 1")
+    if len(args.values) != len(args.boundaries) + 1:
+        p.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), got {len(args.values)}")
+    if not 0.0 < args.keep_prob <= 1.0:
+        p.error("--keep_prob must lie in (0, 1]")
+    return args
+
+
+def resolve_data(args):
+    """The training and validation files and the run sizes: the embedded profile when no data is given."""
+    embedded = not (args.data_dir or args.train_tfrecords or args.test_tfrecords)
+    profile = EMBEDDED_PROFILE if embedded else ORIGINAL_PROFILE
+    changed = []
+    for key, value in profile.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+            if value != ORIGINAL_PROFILE[key]:
+                changed.append(f"{key} {value} (original {ORIGINAL_PROFILE[key]})")
+    try:
+        if embedded:
+            train_files, valid_files = cifar10.ensure_default_data(EMBEDDED_DATA_DIR)
+        else:
+            data_dir = args.data_dir or "."
+            train_files = args.train_tfrecords or [os.path.join(data_dir, cifar10.TRAIN_FILE)]
+            valid_files = args.test_tfrecords or [os.path.join(data_dir, cifar10.TEST_FILE)]
+        train_counts = cifar10.check_tfrecord_files(train_files)
+        valid_counts = cifar10.check_tfrecord_files(valid_files)
+    except cifar10.CifarDataError as e:
+        raise UsageError(str(e)) from None
+    if args.batch_size < 1 or args.valid_batch_size < 1:
+        raise UsageError(f"--batch_size and --valid_batch_size must be at least 1 "
+                         f"(got {args.batch_size} and {args.valid_batch_size})")
+    return embedded, changed, train_files, sum(train_counts), valid_files, sum(valid_counts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: the original's pipelines, handed to the replicas by the strategy.
+# ----------------------------------------------------------------------------------------------
+def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffle_buffer, num_epochs,
+                  augment=False, skip_batches=0):
+    """The original's training and validation datasets of GLOBAL batches (images, one-hot labels).
+
+    Same order as the original: parse, preprocess, shuffle, batch, repeat (batch before repeat, so
+    every epoch ends on a short batch).  `experimental_distribute_dataset` then splits each global
+    batch over the replicas, the short one included (7 rows on 2 replicas: 4 + 3; 1 row: 1 + 0).
+    `skip_batches` skips what a resumed run has already trained on.
+    """
+    preprocess = cifar10.preprocess_for_train if augment else cifar10.preprocess_for_test
+
+    def one_hot(image, label):
+        return image, tf.one_hot(tf.cast(label, tf.int32), depth=num_classes)
+
+    dataset = tf.data.TFRecordDataset(train_files)
+    dataset = dataset.map(cifar10.parser_tfrecords)
+    # Quirk kept (without --augment): the original trains on preprocess_for_test.
+    dataset = dataset.map(lambda image, label: (preprocess(image), label))
+    dataset = dataset.shuffle(shuffle_buffer)
+    dataset = dataset.batch(batch_size)
+    dataset = dataset.repeat(num_epochs)
+    dataset = dataset.map(one_hot).skip(skip_batches).prefetch(2)
+
+    val_dataset = tf.data.TFRecordDataset(valid_files)
+    val_dataset = val_dataset.map(cifar10.parser_tfrecords)
+    val_dataset = val_dataset.map(lambda image, label: (cifar10.preprocess_for_test(image), label))
+    val_dataset = val_dataset.batch(valid_batch_size).map(one_hot).prefetch(2)
+    return dataset, val_dataset
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss and gradients of one replica.
+# ----------------------------------------------------------------------------------------------
+def _replica_forward(model, x, y_onehot, global_batch_size, training):
+    logits = model(x, training=training)
+    per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
+    # Legacy: each tower takes the MEAN over its b rows, then average_gradients takes the mean over
+    # N towers: weight 1/(N*b) per row.  Here each replica SUMS its rows and divides by the global
+    # batch B, and the replicas' gradients are SUMMED: weight 1/B per row.  On an even batch
+    # (B = N*b) the two agree exactly; on an uneven one (7 rows: 4 + 3) the legacy weighting
+    # favours the rows of the smaller tower (1/6 against 1/8) while here every row weighs 1/7.
+    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+    # No `model.losses`: the conv kernels carry slim's weight-decay regularisers, but the legacy
+    # program never adds tf.GraphKeys.REGULARIZATION_LOSSES to its loss, so neither do we.
+    return loss, logits
+
+
+def compute_replica_loss(model, x, y_onehot, global_batch_size, training=True):
+    """This replica's share of the loss: sum of its rows' cross-entropy / global_batch_size.
+
+    Summed over the replicas it is the mean cross-entropy of the global batch (see _replica_forward
+    for how that maps onto the legacy per-tower mean and average over towers).
+    Args:
+      model: the Keras ResNet (modern.resnet_v2); called with `training`.
+      x: float32 [rows, 32, 32, 3], preprocessed; y_onehot: float32 [rows, num_classes].
+      global_batch_size: rows of the whole step over all replicas (int or int32 tensor).
+    """
+    return _replica_forward(model, x, y_onehot, global_batch_size, training)[0]
+
+
+def _replica_gradients(model, x, y_onehot, global_batch_size):
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        loss, logits = _replica_forward(model, x, y_onehot, global_batch_size, training=True)
+    grads = tape.gradient(loss, variables)
+    # A replica with no rows (a global batch smaller than the replica count) contributes nothing.
+    # Its loss is already 0 (a sum over no rows), but batch norm over an empty batch has mean 0/0 =
+    # NaN, and gamma's gradient sum(dy * x_hat) then holds 0 * NaN: say "zero" explicitly.
+    has_rows = tf.shape(x)[0] > 0
+    grads = [tf.where(has_rows, g, tf.zeros_like(g)) for g in grads]
+    return tf.where(has_rows, loss, tf.zeros_like(loss)), grads, logits
+
+
+def replica_gradients(model, x, y_onehot, global_batch_size):
+    """(loss, gradients aligned with model.trainable_variables) of one replica, before the all-reduce.
+
+    A replica that receives zero rows returns loss 0 and all-zero gradients.
+    """
+    loss, grads, _ = _replica_gradients(model, x, y_onehot, global_batch_size)
+    return loss, grads
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning rate and optimizer.
+# ----------------------------------------------------------------------------------------------
+def make_optimizer(boundaries=boundaries, values=values, epsilon=1e-8):
+    """Adam on the legacy `piecewise_constant(global_step, boundaries, values)` schedule.
+
+    Schedule: both give values[0] while step <= boundaries[0], values[1] while step <=
+    boundaries[1], ...  Keras evaluates it at `optimizer.iterations` BEFORE incrementing it, and the
+    legacy graph reads `global_step` before `apply_gradients` increments it, so update k (k = 0, 1,
+    ...) uses the same rate on both sides, boundary steps included.
+
+    Adam: TF1's AdamOptimizer defaults to epsilon 1e-8, Keras' Adam to 1e-7, hence epsilon=1e-8.
+    The update rules are otherwise algebraically identical (TF1 `ApplyAdam` kernel, keras
+    `adam.py: update_step`), with t = step + 1:
+        m <- m + (g - m) * (1 - beta1);   v <- v + (g^2 - v) * (1 - beta2)
+        lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);   w <- w - lr_t * m / (sqrt(v) + epsilon)
+    (epsilon outside the sqrt and NOT bias-corrected in both; "epsilon hat" of the paper).  They
+    differ in round-off only: TF1 keeps beta1^t, beta2^t as running products in variables
+    (beta1_power, beta2_power), Keras computes pow(beta, t) afresh each step.
+    """
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay(list(boundaries), list(values))
+    return keras.optimizers.Adam(learning_rate=schedule, beta_1=0.9, beta_2=0.999, epsilon=epsilon)
+
+
+# ----------------------------------------------------------------------------------------------
+# One training step, one validation step, over all replicas.
+# ----------------------------------------------------------------------------------------------
+def make_train_step(model, optimizer, strategy, global_batch_size=None, return_metrics=False):
+    """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
+
+    dist_batch: an (images, one-hot labels) element of `strategy.experimental_distribute_dataset`.
+    Each replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces
+    the replicas' gradients and applies them once to every copy of the weights (Adam steps once).
+    global_batch_size: None counts the rows actually in each step, so a short last batch is
+    weighted by its true size; an int fixes it (all replicas must then see that many rows in all).
+    With return_metrics, returns (loss, {'accuracy', 'correct', 'rows', 'learning_rate'}), the
+    learning rate being the one this step used.
+    """
+    variables = model.trainable_variables
+
+    def replica_step(x, y_onehot):
+        rows = tf.shape(x)[0]
+        global_rows = global_batch_size
+        if global_rows is None:
+            global_rows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, rows)
+        loss, grads, logits = _replica_gradients(model, x, y_onehot, global_rows)
+        optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one Adam update
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.int32))
+        return loss, correct, rows
+
+    @tf.function
+    def train_step(dist_batch):
+        with strategy.scope():  # this strategy's cross-replica context, wherever we are called from
+            learning_rate = optimizer.learning_rate  # schedule(iterations), read before the update
+            loss, correct, rows = strategy.run(replica_step, args=dist_batch)
+            total = lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
+            loss, correct, rows = total(loss), total(correct), total(rows)
+        if not return_metrics:
+            return loss
+        accuracy = tf.cast(correct, tf.float32) / tf.cast(tf.maximum(rows, 1), tf.float32)
+        return loss, {"accuracy": accuracy, "correct": correct, "rows": rows, "learning_rate": learning_rate}
+
+    return train_step
+
+
+def make_eval_step(model, strategy):
+    """A tf.function(dist_batch) -> (summed cross-entropy, correct predictions, rows), inference mode."""
+
+    def replica_step(x, y_onehot):
+        logits = model(x, training=False)
+        cross_entropy = tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.int32))
+        return cross_entropy, correct, tf.shape(x)[0]
+
+    @tf.function
+    def eval_step(dist_batch):
+        with strategy.scope():
+            results = strategy.run(replica_step, args=dist_batch)
+            return [strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None) for t in results]
+
+    return eval_step
+
+
+def validate(eval_step, strategy, val_dataset):
+    """The whole validation set once: (accuracy, mean loss), both averaged over rows."""
+    cross_entropy, correct, rows = 0.0, 0, 0
+    for batch in strategy.experimental_distribute_dataset(val_dataset):
+        ce, c, r = eval_step(batch)
+        cross_entropy, correct, rows = cross_entropy + float(ce), correct + int(c), rows + int(r)
+    return correct / rows, cross_entropy / rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, optimizer and checkpoints.
+# ----------------------------------------------------------------------------------------------
+def build(strategy, args):
+    """Model, optimizer and checkpoint in the strategy's scope; resumed or pretrained as available.
+
+    Returns (model, optimizer, checkpoint, manager, best_acc variable, a line saying where the
+    weights came from).
+    """
+    blocks = RESNET_V2_50_BLOCKS
+    if args.units_per_block:
+        blocks = tuple(spec._replace(num_units=n) for spec, n in zip(blocks, args.units_per_block))
+    with strategy.scope():
+        model = resnet_v2_50(num_classes=num_classes, keep_prob=args.keep_prob, blocks=blocks)
+        optimizer = make_optimizer(args.boundaries, args.values)
+        optimizer.build(model.trainable_variables)  # the slots now, so a checkpoint restores into them
+        best_acc = tf.Variable(0.0, trainable=False, name="best_acc")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc)
+    manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=5,
+                                         checkpoint_name="train-model.ckpt")
+    if manager.latest_checkpoint:
+        try:
+            with strategy.scope():
+                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise UsageError(f"cannot resume from {manager.latest_checkpoint}: it does not match this "
+                             f"model and optimizer ({str(e).splitlines()[0]}); use another --model_dir") from None
+        return (model, optimizer, checkpoint, manager, best_acc,
+                f"Resuming from {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy())}, "
+                f"best val_acc {float(best_acc.numpy()):.4f}")
+    pretrained = args.pretrained or (resnet_model_path if tf.io.gfile.exists(resnet_model_path + ".index") else None)
+    if pretrained is None:
+        return (model, optimizer, checkpoint, manager, best_acc,
+                f"No pretrained checkpoint ({resnet_model_path} not found, no --pretrained): training from scratch")
+    try:
+        with strategy.scope():
+            report = tf1_checkpoints.load_tf1_checkpoint(model, pretrained, exclude_scopes=(checkpoint_exclude_scopes,))
+    except (tf1_checkpoints.CheckpointMismatchError, tf.errors.OpError, ValueError) as e:
+        raise UsageError(f"cannot restore the pretrained checkpoint {pretrained}: {e}") from None
+    return (model, optimizer, checkpoint, manager, best_acc,
+            f"Restored {len(report.loaded)} variables from {pretrained} (excluded: {checkpoint_exclude_scopes})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The session loop's counterpart.
+# ----------------------------------------------------------------------------------------------
+def train(args):
+    if args.deterministic:
+        enable_determinism(0 if args.seed is None else args.seed)
+    elif args.seed is not None:
+        keras.utils.set_random_seed(args.seed)
+    strategy = make_strategy(args.num_replicas)  # first: may split the CPU into virtual devices
+    n = strategy.num_replicas_in_sync
+    embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
+    check_writable(args.model_dir, "--model_dir")
+    for sub in ("train", "valid"):
+        check_writable(os.path.join(args.log_dir, sub), "--log_dir")
+    print(f"data: {', '.join(train_files)} ({num_train} examples), valid {', '.join(valid_files)} "
+          f"({num_valid} examples)")
+    if embedded:
+        print("No data given: the embedded synthetic set, with the embedded profile: "
+              + (", ".join(changed) or "no sizes changed"))
+    steps_per_epoch = -(-num_train // args.batch_size)
+    last = num_train - (steps_per_epoch - 1) * args.batch_size
+    print(f"global batch {args.batch_size} over {n} replicas; each epoch ends on a batch of {last} rows, "
+          f"split over the replicas whole (no row dropped)")
+
+    model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args)
+    print(origin)
+    start = int(optimizer.iterations.numpy())
+    total_steps = steps_per_epoch * args.epochs
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
+                                     args.shuffle_buffer, args.epochs, args.augment, skip_batches=start)
+    iterator = iter(strategy.experimental_distribute_dataset(train_ds))
+    train_step = make_train_step(model, optimizer, strategy, return_metrics=True)
+    eval_step = make_eval_step(model, strategy)
+    train_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "train"))
+    valid_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "valid"))
+
+    step, loss_t, rows_seen = start, float("nan"), 0
+    start_time = window_time = time.time()
+    window_rows = 0
+    while step < total_steps:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        loss, metrics = train_step(batch)
+        step += 1  # = optimizer.iterations: the legacy `step` after its `step += 1`
+        loss_t, acc_t, lr = float(loss), float(metrics["accuracy"]), float(metrics["learning_rate"])
+        if not tf.math.is_finite(loss):
+            raise UsageError(f"the loss is {loss_t} at step {step}: training stopped")
+        rows = int(metrics["rows"])
+        rows_seen += rows
+        window_rows += rows
+        if step % args.log_every == 0:
+            now = time.time()
+            print('Step: {},Train_Acc: {:.4f},Loss: {:.8f} ({:.1f} examples/sec)'.format(
+                step, acc_t, loss_t, window_rows / (now - window_time)))
+            window_time, window_rows = now, 0
+            with train_writer.as_default():
+                write_scalar("lr", lr, step)
+                write_scalar("accuracy", acc_t, step)
+                write_scalar("loss", loss_t, step)
+        if step % args.valid_every == 0:  # validation accuracy
+            avg_acc, avg_loss = validate(eval_step, strategy, val_ds)
+            with valid_writer.as_default():
+                write_scalar("lr", lr, step)
+                write_scalar("accuracy", avg_acc, step)
+                write_scalar("loss", avg_loss, step)
+            print('------------------------------------------------------')
+            print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
+            print('------------------------------------------------------')
+            # Save the best model
+            if avg_acc > float(best_acc.numpy()):
+                best_acc.assign(avg_acc)
+                saved = manager.save(checkpoint_number=step)
+                print(f"Model saved: {saved}")
+                print("Save the best model with val_acc %0.4f" % avg_acc)
+            else:
+                print("Val_acc stay with val_acc %0.4f" % float(best_acc.numpy()))
+    train_writer.close()
+    valid_writer.close()
+    final = manager.save(checkpoint_number=step) if step > start else manager.latest_checkpoint
+    elapsed = time.time() - start_time
+    steps_run = step - start
+    print("Total time:", elapsed)
+    print(f"Summary: {steps_run} steps this run (step {start} -> {step} of {total_steps}), "
+          f"{rows_seen} examples, {elapsed:.1f} s"
+          + (f", {rows_seen / elapsed:.1f} examples/sec" if steps_run else "")
+          + f"; last loss {loss_t:.6f}; best val_acc {float(best_acc.numpy()):.4f}; "
+          f"latest checkpoint {final}; logs in {args.log_dir}")
+    print('Ended......')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        train(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
