@@ -32,7 +32,9 @@ Where this differs from `keras.applications.ResNet50V2` (which is *not* this net
     the end and never wins the max); Keras zero-pads one pixel on each side, then pools 'VALID'
     (windows start at pixel -1, and the zero pad does win against negative conv1 outputs).
   * batch norm: slim's `resnet_arg_scope` uses epsilon 1e-5 and decay 0.997; Keras uses 1.001e-5
-    and momentum 0.99.
+    and momentum 0.99. (TF 1.x's `fused_batch_norm` raised any epsilon below 1.001e-5 to 1.001e-5
+    for cuDNN, hence Keras' value; TF 2.21, on which the legacy program runs, passes 1e-5 through.
+    The difference is ~5e-9 relative for unit variances, far below float32 round-off.)
   * moving variance: slim's fused batch norm updates it with the *unbiased* batch variance
     (Bessel's n/(n-1)); Keras 3 uses the biased one. `SlimBatchNorm` below does what slim does.
 What is the same: 7x7/2 conv1 with biases and no batch norm; strided 3x3 convs padded
