@@ -85,7 +85,23 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
 
     with n = batch * height * width elements per channel (n/(n-1) = 4/3 for a batch of 4 at the
     1x1 maps of block4 on 32x32 inputs, so this is not round-off).
+
+    Across replicas (MirroredStrategy): Keras 3 creates the moving statistics with aggregation
+    NONE, and then each replica's assign lands only in its own copy; reads and checkpoints see
+    replica 0's, which averaged replica 0's rows only, and the copies silently drift apart.  Here
+    they are created with aggregation MEAN: every replica proposes its update and all copies get
+    the mean of the proposals,
+        moving <- moving - (moving - mean_i(a_i)) * (1 - decay)      (a_i: replica i's statistic),
+    one update per step from all rows.  The legacy towers instead apply N updates per step to one
+    shared variable, in whatever order the TF1 executor runs them; `compare/cifar.py` checks both
+    formulas (an EXPECTED difference of order (1 - decay)**2).
+    A replica with no rows (a global batch smaller than the replica count) proposes "no change".
     """
+
+    def add_weight(self, *args, **kwargs):
+        if kwargs.get("name") in ("moving_mean", "moving_variance"):
+            kwargs["aggregation"] = "mean"
+        return super().add_weight(*args, **kwargs)
 
     def call(self, inputs, training=None):
         if not (training and self.trainable):
@@ -93,10 +109,14 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
         mean, variance = ops.moments(inputs, axes=self._reduction_axes)
         n = ops.cast(ops.size(inputs) // ops.shape(inputs)[-1], variance.dtype)
         unbiased = variance * n / ops.maximum(n - 1.0, 1.0)
+        # An empty batch has NaN moments: propose the current value instead (no change).
+        has_rows = n > 0
+        batch_mean = ops.where(has_rows, mean, self.moving_mean)
+        batch_var = ops.where(has_rows, unbiased, self.moving_variance)
         decay = self.momentum
-        self.moving_mean.assign(self.moving_mean - (self.moving_mean - mean) * (1.0 - decay))
+        self.moving_mean.assign(self.moving_mean - (self.moving_mean - batch_mean) * (1.0 - decay))
         self.moving_variance.assign(
-            self.moving_variance - (self.moving_variance - unbiased) * (1.0 - decay))
+            self.moving_variance - (self.moving_variance - batch_var) * (1.0 - decay))
         return ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=self.beta,
                                        scale=self.gamma, epsilon=self.epsilon)
 
