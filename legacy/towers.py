@@ -48,3 +48,90 @@ def average_gradients(tower_grads):
         grad = tf.reduce_mean(tf.concat(grads, 0), 0)
         average_grads.append((grad, grad_and_vars[0][1]))
     return average_grads
+
+
+# ---------------------------------------------------------------------------------------------
+# How a batch is split across towers (the seed's `current_batch_size` story)
+# ---------------------------------------------------------------------------------------------
+# Tower i trains on rows [starts[i], starts[i] + sizes[i]) of the fed batch.
+#   'fix'      the seed's fix: current_batch_size = rows // N, fed per batch.  Remainder rows are
+#              dropped; with fewer rows than towers every tower is empty.
+#   'static'   the seed's bug: a constant current_batch_size = batch_size // N.  On a short last
+#              batch the later towers get a short or EMPTY slice; an empty tower's mean loss is 0/0.
+#   'weighted' a deviation that loses nothing: sizes differ by at most one row (the remainder goes
+#              to the first towers) and tower i's gradient is weighted by sizes[i] / rows, so
+#              sum_i w_i * grad(mean loss_i) = grad(mean loss over all rows), the full-batch gradient.
+#              A tower that would be empty (rows < N) gets a copy of row 0 with weight 0.
+SPLITS = ("fix", "static", "weighted")
+
+
+class SplitError(ValueError):
+    """A batch that a split cannot handle (the message says why)."""
+
+
+class TowerSplit:
+    """The rows each tower gets from one batch.
+
+    starts, sizes: per tower; weights: per tower (sizes / rows, 'weighted' only, else 1 / N);
+    dropped: rows of the batch that no tower sees; empty: indices of towers that get no row
+    (a 'weighted' tower padded with a weight-0 row is counted in `padded` instead).
+    """
+
+    def __init__(self, rows, starts, sizes, weights, padded=()):
+        self.rows, self.starts, self.sizes, self.weights = rows, list(starts), list(sizes), list(weights)
+        self.padded = list(padded)
+        used = sum(s for i, s in enumerate(self.sizes) if i not in self.padded)
+        self.dropped = rows - used
+        self.empty = [i for i, s in enumerate(self.sizes) if s == 0]
+
+    def __repr__(self):
+        return (f"TowerSplit(rows={self.rows}, starts={self.starts}, sizes={self.sizes}, "
+                f"weights={self.weights}, dropped={self.dropped}, empty={self.empty}, padded={self.padded})")
+
+
+def split_rows(rows, num_towers, mode="fix", static_batch_size=None):
+    """Which rows of a batch of `rows` each of `num_towers` towers gets, under split `mode`.
+
+    `static_batch_size` is the constant per-tower size of mode 'static' (the seed's batch_size / 2).
+    """
+    n = num_towers
+    if mode == "fix":
+        size = rows // n                                    # c_batch_size = int(batch_x.shape[0] / 2)
+        return TowerSplit(rows, [i * size for i in range(n)], [size] * n, [1.0 / n] * n)
+    if mode == "static":
+        if static_batch_size is None or static_batch_size < 1:
+            raise SplitError(f"split 'static' needs a per-tower batch size >= 1, got {static_batch_size}")
+        if rows < n:
+            raise SplitError(f"a batch of {rows} rows is smaller than the {n} towers: under --split=static "
+                             f"(a constant {static_batch_size} rows per tower) towers {list(range(rows, n))} "
+                             f"would get nothing. Use a batch size of at least {n} rows.")
+        size = static_batch_size
+        starts = [min(i * size, rows) for i in range(n)]
+        sizes = [min((i + 1) * size, rows) - starts[i] for i in range(n)]
+        return TowerSplit(rows, starts, sizes, [1.0 / n] * n)
+    if mode == "weighted":
+        if rows < 1:
+            raise SplitError("split 'weighted' needs at least one row")
+        base, extra = divmod(rows, n)
+        sizes = [base + (i < extra) for i in range(n)]
+        starts = [sum(sizes[:i]) for i in range(n)]
+        weights = [s / rows for s in sizes]
+        padded = [i for i in range(n) if sizes[i] == 0]
+        for i in padded:                                    # rows < N: a weight-0 copy of row 0
+            starts[i], sizes[i] = 0, 1
+        return TowerSplit(rows, starts, sizes, weights, padded)
+    raise SplitError(f"unknown split {mode!r}: choose one of {', '.join(SPLITS)}")
+
+
+def weighted_average_gradients(tower_grads, tower_weights):
+    """sum_i w_i * grad_i per variable: `average_gradients` with weights instead of 1/N.
+
+    tower_grads as for `average_gradients`; tower_weights: one scalar (tensor or float) per tower,
+    summing to 1.  With w_i = rows_i / rows and each tower's loss a mean over its rows, the result
+    is the gradient of the mean loss over the whole batch.
+    """
+    average_grads = []
+    for grad_and_vars in zip(*tower_grads):
+        grad = tf.add_n([w * g for w, (g, _) in zip(tower_weights, grad_and_vars)])
+        average_grads.append((grad, grad_and_vars[0][1]))
+    return average_grads

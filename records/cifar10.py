@@ -1,0 +1,275 @@
+"""CIFAR-10 as TFRecords: the format, the preprocessing, a converter, and the embedded synthetic set.
+
+Shared by `legacy/cifar_resnet.py` (TF1 graph, `tf.compat.v1`) and `modern/cifar_resnet.py` (TF2 eager
+and `tf.function`), so everything here uses `tf.io` / `tf.image` ops that work in both.
+
+The record format is the one the original's `utils.parse_functions.parser_tfrecords` reads (the seed,
+`shared/seeds/000_a2968b8fe060e3c0.txt`, imports it without showing it)::
+
+    'image_raw': bytes, the uint8 image in HWC order (32 x 32 x 3 = 3072 bytes)
+    'label':     int64, the class index 0..9
+
+Commands::
+
+    python -m records.cifar10 --src cifar-10-batches-py --out data/cifar10   # real CIFAR-10
+    python -m records.cifar10 --synthetic --out data/cifar10_synthetic       # the embedded default
+
+The converter reads the standard "CIFAR-10 python version" (`data_batch_1` .. `data_batch_5`,
+`test_batch`: pickled dicts with b'data', N x 3072 uint8 in channel-major order, and b'labels') and
+writes `train.tfrecords` (50000) and `test.tfrecords` (10000).
+"""
+import argparse
+import os
+import pickle
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+IMAGE_SIZE = 32
+CHANNELS = 3
+NUM_CLASSES = 10
+IMAGE_BYTES = IMAGE_SIZE * IMAGE_SIZE * CHANNELS
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_BATCH = "test_batch"
+TRAIN_FILE = "train.tfrecords"
+TEST_FILE = "test.tfrecords"
+
+# The embedded default data set (see `make_synthetic`).  Sizes chosen with the legacy program's
+# embedded profile (batch 32, 2 towers): 1001 = 31 * 32 + 9, so every epoch ends on a short batch of
+# 9 rows, which the original's split (9 // 2 = 4 rows per tower) cuts to 8, dropping one row.
+SYNTHETIC_TRAIN = 1001
+SYNTHETIC_VALID = 250
+SYNTHETIC_SEED = 0
+
+
+class CifarDataError(Exception):
+    """A data file is missing, corrupt or not in the expected format (the message names it)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The record format
+# ---------------------------------------------------------------------------------------------
+
+FEATURES = {
+    "image_raw": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def parser_tfrecords(record):
+    """Parse one serialized example into (image uint8 [32, 32, 3], label int64 []).
+
+    The original's `utils.parse_functions.parser_tfrecords`, which it maps over a `TFRecordDataset`.
+    """
+    features = tf.io.parse_single_example(record, FEATURES)
+    image = tf.io.decode_raw(features["image_raw"], tf.uint8)
+    image = tf.reshape(image, [IMAGE_SIZE, IMAGE_SIZE, CHANNELS])
+    return image, features["label"]
+
+
+def _example(image, label):
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    return tf.train.Example(features=tf.train.Features(feature={
+        "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+    })).SerializeToString()
+
+
+def write_tfrecords(path, images, labels):
+    """Write uint8 images [N, 32, 32, 3] (HWC) and integer labels [N] to `path`.
+
+    Written to a temporary name in the same folder and renamed at the end, so an interrupted
+    write never leaves a truncated file that looks valid.
+    """
+    images = np.asarray(images)
+    labels = np.asarray(labels)
+    if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS):
+        raise CifarDataError(f"{path}: images must be uint8 [N, 32, 32, 3], got {images.dtype} {images.shape}")
+    if labels.shape != (images.shape[0],) or (labels.size and not 0 <= labels.min() <= labels.max() < NUM_CLASSES):
+        raise CifarDataError(f"{path}: labels must be {images.shape[0]} integers in 0..9, got shape {labels.shape}")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tfrecords", dir=folder)
+    os.close(fd)
+    try:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for image, label in zip(images, labels):
+                writer.write(_example(image, label))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def check_tfrecord_files(files):
+    """Read every record of every file once; raise `CifarDataError` naming the first bad file.
+
+    Catches what would otherwise surface mid-training as a `DataLossError` traceback: a missing
+    file, a truncated or corrupt record, or records that are not in this module's format.
+    Returns the number of records per file.  Works eagerly (TF2) and inside a TF1 graph context.
+    """
+    counts = []
+    for path in files:
+        if not os.path.isfile(path):
+            raise CifarDataError(f"TFRecord file not found: {path}")
+        try:
+            counts.append(_count_records(path))
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+            first_line = str(error).strip().splitlines()[0]
+            raise CifarDataError(f"TFRecord file {path} is corrupt or not in the CIFAR-10 record format "
+                                 f"('image_raw' uint8 32x32x3 bytes, 'label' int64): {first_line}") from None
+        if counts[-1] == 0:
+            raise CifarDataError(f"TFRecord file {path} holds no records")
+    return counts
+
+
+def _count_records(path):
+    def count():
+        labels = tf.data.TFRecordDataset([path]).map(parser_tfrecords).map(lambda image, label: label)
+        return labels.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+
+    if tf.executing_eagerly():
+        return int(count())
+    # Called from TF1 graph code: count in a graph of its own, leaving the caller's graph untouched.
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+        return int(sess.run(count()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing (the original imports these from utils.preprocess without showing them)
+# ---------------------------------------------------------------------------------------------
+
+def preprocess_for_test(image):
+    """uint8 [32, 32, 3] -> float32 in [-1, 1]: x / 127.5 - 1.
+
+    [-1, 1] is the input range of the slim `resnet_v2_*` checkpoints ("inception" preprocessing),
+    so a restored `resnet_v2_50.ckpt` sees what it was trained on.  No resizing: the network runs
+    at CIFAR's 32 x 32.
+    """
+    return tf.cast(image, tf.float32) / 127.5 - 1.0
+
+
+def preprocess_for_train(image):
+    """The standard CIFAR augmentation, then `preprocess_for_test`'s scaling.
+
+    Zero-pad to 40 x 40, take a random 32 x 32 crop, flip left-right with probability 1/2.
+    (The original defines it but trains with `preprocess_for_test`; the legacy port keeps that.)
+    """
+    image = tf.image.resize_with_crop_or_pad(image, IMAGE_SIZE + 8, IMAGE_SIZE + 8)
+    image = tf.image.random_crop(image, [IMAGE_SIZE, IMAGE_SIZE, CHANNELS])
+    image = tf.image.random_flip_left_right(image)
+    return preprocess_for_test(image)
+
+
+# ---------------------------------------------------------------------------------------------
+# Converter from the standard CIFAR-10 python distribution
+# ---------------------------------------------------------------------------------------------
+
+def load_cifar_batch(path):
+    """Read one pickled CIFAR-10 batch; return images uint8 [N, 32, 32, 3] (HWC) and labels int64 [N]."""
+    if not os.path.isfile(path):
+        raise CifarDataError(f"CIFAR-10 batch file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        data = np.asarray(batch[b"data"], dtype=np.uint8)
+        labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    except Exception as error:  # unpickling garbage raises almost anything
+        raise CifarDataError(f"{path} is not a CIFAR-10 python batch (a pickled dict with b'data' and "
+                             f"b'labels'): {type(error).__name__}: {error}") from None
+    if data.ndim != 2 or data.shape[1] != IMAGE_BYTES or labels.shape != (data.shape[0],):
+        raise CifarDataError(f"{path}: expected b'data' N x {IMAGE_BYTES} and N labels, got "
+                             f"{data.shape} and {labels.shape}")
+    if labels.size and not 0 <= labels.min() <= labels.max() < NUM_CLASSES:
+        raise CifarDataError(f"{path}: labels outside 0..9")
+    # Rows are channel-major (1024 R, 1024 G, 1024 B); the records are HWC.
+    images = data.reshape(-1, CHANNELS, IMAGE_SIZE, IMAGE_SIZE).transpose(0, 2, 3, 1)
+    return images, labels
+
+
+def convert_cifar10(src_dir, out_dir):
+    """Convert `src_dir`'s data_batch_1..5 and test_batch into `out_dir`/train.tfrecords, test.tfrecords.
+
+    Every input is read and checked before anything is written.  Returns (train_path, test_path).
+    """
+    missing = [name for name in TRAIN_BATCHES + [TEST_BATCH] if not os.path.isfile(os.path.join(src_dir, name))]
+    if missing:
+        raise CifarDataError(f"{src_dir} is not the CIFAR-10 python distribution: missing "
+                             f"{', '.join(missing)} (expected data_batch_1..5 and test_batch)")
+    train = [load_cifar_batch(os.path.join(src_dir, name)) for name in TRAIN_BATCHES]
+    test = load_cifar_batch(os.path.join(src_dir, TEST_BATCH))
+    train_path = write_tfrecords(os.path.join(out_dir, TRAIN_FILE),
+                                 np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]))
+    test_path = write_tfrecords(os.path.join(out_dir, TEST_FILE), *test)
+    return train_path, test_path
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded default: a small, learnable, CIFAR-shaped synthetic set
+# ---------------------------------------------------------------------------------------------
+
+def synthetic_images(num, seed):
+    """`num` images of 10 classes: a class template (colour + oriented stripes) at a random
+    phase, times a random contrast, plus heavy pixel noise.  Learnable, but not from one pixel."""
+    rng = np.random.RandomState(seed)
+    template_rng = np.random.RandomState(1234)  # the classes are the same for every seed
+    colours = template_rng.uniform(-1, 1, size=(NUM_CLASSES, CHANNELS))
+    angles = np.arange(NUM_CLASSES) * np.pi / NUM_CLASSES
+    freqs = template_rng.uniform(0.25, 0.6, size=NUM_CLASSES)
+    yy, xx = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE].astype(np.float64)
+    labels = rng.randint(0, NUM_CLASSES, size=num)
+    phases = rng.uniform(0, 2 * np.pi, size=num)
+    contrast = rng.uniform(0.5, 1.0, size=(num, 1, 1, 1))
+    a, f = angles[labels][:, None, None], freqs[labels][:, None, None]
+    stripes = np.sin(f * (np.cos(a) * xx + np.sin(a) * yy) + phases[:, None, None])
+    pattern = 0.5 * colours[labels][:, None, None, :] + 0.5 * stripes[..., None]
+    images = 128 + 80 * contrast * pattern + rng.normal(0, 40, size=(num, IMAGE_SIZE, IMAGE_SIZE, CHANNELS))
+    return np.clip(np.round(images), 0, 255).astype(np.uint8), labels.astype(np.int64)
+
+
+def make_synthetic(out_dir, num_train=SYNTHETIC_TRAIN, num_valid=SYNTHETIC_VALID, seed=SYNTHETIC_SEED):
+    """Write the synthetic set as `out_dir`/train.tfrecords and test.tfrecords; return their paths."""
+    train_path = write_tfrecords(os.path.join(out_dir, TRAIN_FILE), *synthetic_images(num_train, seed))
+    test_path = write_tfrecords(os.path.join(out_dir, TEST_FILE), *synthetic_images(num_valid, seed + 1))
+    return train_path, test_path
+
+
+def ensure_default_data(data_dir):
+    """The embedded default data set in `data_dir`, made on first use: ([train file], [valid file])."""
+    train_path, test_path = os.path.join(data_dir, TRAIN_FILE), os.path.join(data_dir, TEST_FILE)
+    if not (os.path.isfile(train_path) and os.path.isfile(test_path)):
+        make_synthetic(data_dir)
+    return [train_path], [test_path]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", help="folder of the CIFAR-10 python distribution (cifar-10-batches-py)")
+    parser.add_argument("--out", required=True, help="folder to write train.tfrecords and test.tfrecords into")
+    parser.add_argument("--synthetic", action="store_true", help="write the embedded synthetic set instead")
+    parser.add_argument("--num_train", type=int, default=SYNTHETIC_TRAIN)
+    parser.add_argument("--num_valid", type=int, default=SYNTHETIC_VALID)
+    parser.add_argument("--seed", type=int, default=SYNTHETIC_SEED)
+    args = parser.parse_args(argv)
+    try:
+        if args.synthetic:
+            paths = make_synthetic(args.out, args.num_train, args.num_valid, args.seed)
+        elif args.src:
+            paths = convert_cifar10(args.src, args.out)
+        else:
+            parser.error("give --src DIR (real CIFAR-10) or --synthetic")
+        counts = check_tfrecord_files(paths)
+    except (CifarDataError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for path, count in zip(paths, counts):
+        print(f"wrote {path}: {count} records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
