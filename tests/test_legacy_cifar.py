@@ -1,0 +1,298 @@
+"""legacy/cifar_resnet.py: the original's two-tower graph, its batch splits, restore, and a short run.
+
+The slow graphs (ResNet-v2-50, two towers, ~10 s each to build) are built once for the module.
+"""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import legacy  # noqa: F401  (tf-slim alias)
+import tensorflow.compat.v1 as tf
+import tf_slim as slim
+from tf_slim import nets
+from conftest import run_program
+from legacy import cifar_resnet, towers
+from records import cifar10
+
+RNG = np.random.RandomState(0)
+
+
+def _batch(rows):
+    x = RNG.uniform(-1, 1, size=(rows, 32, 32, 3)).astype(np.float32)
+    y = np.eye(10, dtype=np.int32)[RNG.randint(0, 10, size=rows)]
+    return x, y
+
+
+class Built:
+    """A graph, its namespace from build_graph and an initialised session."""
+
+    def __init__(self, **kwargs):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.g = cifar_resnet.build_graph(**kwargs)
+            self.init = tf.global_variables_initializer()
+            self.trainable = [v.op.name for v in tf.trainable_variables()]
+            self.model_variables = [v.op.name for v in slim.get_model_variables()]
+            self.global_variables = [v.op.name for v in tf.global_variables()]
+            self.saver = tf.train.Saver()
+            self.saver_restore = tf.train.Saver(var_list=self.g.variables_to_restore)
+        config = cifar_resnet.session_config(kwargs.get("num_towers", 2))  # grappler off on CPU: fast first run
+        self.sess = tf.Session(graph=self.graph, config=config)
+        self.sess.run(self.init)
+
+    def run(self, fetches, feed):
+        return self.sess.run(fetches, feed_dict=feed)
+
+
+@pytest.fixture(scope="module")
+def fix2():
+    built = Built(num_towers=2, split="fix")
+    yield built
+    built.sess.close()
+
+
+@pytest.fixture(scope="module")
+def weighted2():
+    built = Built(num_towers=2, split="weighted")
+    yield built
+    built.sess.close()
+
+
+@pytest.fixture(scope="module")
+def one_network():
+    """The variables of ONE ResNet-v2-50 with the original's Logits head, built without towers."""
+    with tf.Graph().as_default():
+        x = tf.placeholder(tf.float32, [None, 32, 32, 3])
+        with slim.arg_scope(nets.resnet_v2.resnet_arg_scope()):
+            net, _ = nets.resnet_v2.resnet_v2_50(x, num_classes=None, is_training=True)
+        with tf.variable_scope("Logits"):
+            slim.fully_connected(tf.squeeze(net, axis=[1, 2]), num_outputs=10, activation_fn=None, scope="fc")
+        return ([v.op.name for v in tf.trainable_variables()], [v.op.name for v in slim.get_model_variables()])
+
+
+# ------------------------------------------------------------------------------------------------
+# The original's structure
+# ------------------------------------------------------------------------------------------------
+
+def test_graph_has_one_tower_per_device_with_the_original_names(fix2):
+    g = fix2.g
+    assert len(g.tower_logits) == len(g.tower_losses) == len(g.tower_grads) == 2
+    assert [t.device.lower()[-5:] for t in g.tower_logits] == ["cpu:0", "cpu:1"]
+    assert g.current_batch_size.op.type == "Placeholder"
+    assert g.labels.dtype == tf.int32 and g.labels.shape.as_list() == [None, 10]
+    assert g.loss is g.tower_losses[-1]  # the original logs the LAST tower's loss
+    assert g.tower_logits[0].op.name.startswith("Logits/fc/")
+    assert g.tower_logits[1].op.name.startswith("Logits_1/fc/")
+
+
+def test_towers_share_one_set_of_weights_whatever_their_number(one_network, fix2):
+    trainable, model_variables = one_network
+    assert fix2.trainable == trainable and fix2.model_variables == model_variables
+    assert len(trainable) == 174  # ResNet-v2-50 (172) + Logits/fc weights and biases
+    # Beyond the network: global_step, Adam's two beta powers and two slots per trainable variable.
+    assert len(fix2.global_variables) == len(model_variables) + 1 + 2 + 2 * len(trainable)
+    # Each tower differentiates the same variables.
+    assert [v.op.name for _, v in fix2.g.tower_grads[0]] == [v.op.name for _, v in fix2.g.tower_grads[1]]
+
+
+def test_exclusion_list_leaves_out_exactly_the_logits_scope(fix2):
+    restored = {v.op.name for v in fix2.g.variables_to_restore}
+    left_out = set(fix2.model_variables) - restored
+    assert left_out == {"Logits/fc/weights", "Logits/fc/biases"}
+    assert all(name.startswith("resnet_v2_50/") for name in restored)
+    assert len(restored) == 270  # weights, biases and batch-norm beta/gamma/moving statistics
+
+
+def test_batch_norm_updates_of_both_towers_hit_the_same_moving_variables(fix2):
+    updates = fix2.g.update_ops
+    moving = {v for v in fix2.global_variables if "moving_" in v}
+    assert len(moving) == 98 and len(updates) == 2 * 98
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch splits: the fix, the static bug, the weighted deviation
+# ------------------------------------------------------------------------------------------------
+
+def test_split_rows_counts_what_each_split_drops():
+    fix = towers.split_rows(9, 2, "fix")
+    assert (fix.sizes, fix.starts, fix.dropped, fix.empty) == ([4, 4], [0, 4], 1, [])
+    tiny = towers.split_rows(1, 2, "fix")
+    assert (tiny.sizes, tiny.dropped, tiny.empty) == ([0, 0], 1, [0, 1])
+    static = towers.split_rows(3, 2, "static", static_batch_size=4)
+    assert (static.sizes, static.dropped, static.empty) == ([3, 0], 0, [1])
+    weighted = towers.split_rows(5, 2, "weighted")
+    assert (weighted.sizes, weighted.starts, weighted.weights, weighted.dropped) == ([3, 2], [0, 3], [0.6, 0.4], 0)
+    padded = towers.split_rows(1, 3, "weighted")
+    assert (padded.sizes, padded.weights, padded.dropped, padded.padded) == ([1, 1, 1], [1.0, 0.0, 0.0], 0, [1, 2])
+
+
+def test_static_split_with_fewer_rows_than_towers_is_a_clear_error():
+    with pytest.raises(towers.SplitError, match="smaller than the 2 towers"):
+        towers.split_rows(1, 2, "static", static_batch_size=4)
+
+
+def test_fix_feeds_rows_over_towers_and_counts_the_dropped_row(fix2):
+    x, y = _batch(7)
+    feed, dropped = cifar_resnet.make_feed(fix2.g, x, y, True, 0.6)
+    assert feed[fix2.g.current_batch_size] == 3 and dropped == 1
+    feed, dropped = cifar_resnet.make_feed(fix2.g, x, y, True, 0.6, split="static", static_batch_size=4)
+    assert feed[fix2.g.current_batch_size] == 4 and dropped == 0
+
+
+def test_short_last_batch_stays_finite_with_the_fix(fix2):
+    x, y = _batch(5)  # a short, odd last batch: 2 rows per tower, 1 dropped
+    feed, dropped = cifar_resnet.make_feed(fix2.g, x, y, True, 0.6)
+    _, losses, acc = fix2.run([fix2.g.train_step, fix2.g.tower_losses, fix2.g.accuracy], feed)
+    assert dropped == 1
+    assert np.all(np.isfinite(losses)) and acc in (0.0, 0.5, 1.0)
+
+
+def test_short_last_batch_empties_the_last_tower_under_static(fix2):
+    x, y = _batch(3)  # constant current_batch_size 4: tower 0 gets rows 0..2, tower 1 gets nothing
+    feed, dropped = cifar_resnet.make_feed(fix2.g, x, y, True, 1.0, split="static", static_batch_size=4)
+    assert dropped == 0
+    assert np.isfinite(fix2.run(fix2.g.tower_losses[0], feed))
+    # The empty tower: NaN (mean over 0 rows) on GPUs and Eigen CPU kernels; this CPU build's oneDNN
+    # Conv2D returns a wrongly shaped empty tensor instead and the next op raises.  Either way: broken.
+    try:
+        value = fix2.run(fix2.g.tower_losses[1], feed)
+    except tf.errors.InvalidArgumentError as error:
+        assert "resnet_v2_50_1/" in str(error)  # fails inside tower 1's network
+    else:
+        assert np.isnan(value)
+
+
+def test_weighted_split_loses_no_row_and_gives_the_full_batch_gradient(weighted2):
+    g = weighted2.g
+    x, y = _batch(5)
+    feed, dropped = cifar_resnet.make_feed(g, x, y, False, 1.0)
+    assert dropped == 0 and feed[g.tower_sizes] == [3, 2] and feed[g.tower_weights] == [0.6, 0.4]
+    grads = [gr for gr, _ in g.grads]
+    split_grads, split_loss = weighted2.run([grads, g.total_loss], feed)
+    # The same graph with tower 0 on all 5 rows (weight 1) and tower 1 ignored (weight 0):
+    # the full-batch, single-tower gradient.  Inference-mode batch norm (is_training False), so
+    # both computations normalise with the same statistics.
+    full = dict(feed)
+    full.update({g.tower_starts: [0, 0], g.tower_sizes: [5, 5], g.tower_weights: [1.0, 0.0]})
+    full_grads, full_loss = weighted2.run([grads, g.total_loss], full)
+    np.testing.assert_allclose(split_loss, full_loss, rtol=1e-5)
+    worst = max(np.abs(a - b).max() / (np.abs(b).max() + 1e-12) for a, b in zip(split_grads, full_grads))
+    assert worst < 1e-4, worst
+    # ... whereas the original's unweighted mean over towers of 3 and 2 rows is not that gradient.
+    plain = [0.5 * (a + b) for a, b in zip(*weighted2.run([[gr for gr, _ in t] for t in g.tower_grads], feed))]
+    fc = [i for i, (_, v) in enumerate(g.grads) if v.op.name == "Logits/fc/weights"][0]
+    assert np.abs(plain[fc] - full_grads[fc]).max() > 1e-3 * np.abs(full_grads[fc]).max()
+
+
+def test_dropout_noise_can_be_fed_to_impose_a_mask(fix2):
+    g = fix2.g
+    x, y = _batch(4)
+    feed, _ = cifar_resnet.make_feed(g, x, y, False, 0.5)
+    noise = np.tile((np.arange(2048) % 2).astype(np.float32), (2, 1))  # keep odd units (noise 1 >= 0.5)
+    feed[g.dropout_noise[0]] = noise
+    features, logits = fix2.run([g.pre_dropout[0], g.tower_logits[0]], feed)
+    w, b = _value(fix2, "Logits/fc/weights"), _value(fix2, "Logits/fc/biases")
+    np.testing.assert_allclose(logits, (features * noise / 0.5) @ w + b, rtol=1e-4, atol=1e-4)
+
+
+def test_nan_loss_stops_training_naming_step_and_tower_except_under_static():
+    cut = towers.split_rows(8, 2, "fix")
+    with pytest.raises(cifar_resnet.TrainerError, match=r"step 7 on tower 1"):
+        cifar_resnet.check_finite([0.5, float("nan")], 7, "fix", cut)
+    cifar_resnet.check_finite([0.5, float("nan")], 7, "static", cut)  # reported, not raised
+
+
+# ------------------------------------------------------------------------------------------------
+# Restore all but Logits
+# ------------------------------------------------------------------------------------------------
+
+def _value(built, name):
+    with built.graph.as_default():
+        variable = [v for v in tf.global_variables() if v.op.name == name][0]
+    return built.sess.run(variable)
+
+
+def test_restore_excludes_logits(fix2, tmp_path):
+    with fix2.graph.as_default():
+        path = fix2.saver.save(fix2.sess, str(tmp_path / "pretrained.ckpt"))
+    saved_conv, saved_fc = _value(fix2, "resnet_v2_50/conv1/weights"), _value(fix2, "Logits/fc/weights")
+    fix2.sess.run(fix2.init)  # fresh random weights everywhere
+    fresh_fc = _value(fix2, "Logits/fc/weights")
+    assert cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, path, fix2.g.variables_to_restore)
+    np.testing.assert_array_equal(_value(fix2, "resnet_v2_50/conv1/weights"), saved_conv)
+    np.testing.assert_array_equal(_value(fix2, "Logits/fc/weights"), fresh_fc)
+    assert not np.array_equal(fresh_fc, saved_fc)
+
+
+def test_restore_from_a_mismatched_checkpoint_names_the_variables(fix2, tmp_path):
+    with tf.Graph().as_default(), tf.Session() as sess:
+        tf.Variable(tf.zeros([3, 3, 3, 64]), name="resnet_v2_50/conv1/weights")
+        sess.run(tf.global_variables_initializer())
+        path = tf.train.Saver().save(sess, str(tmp_path / "wrong.ckpt"))
+    with pytest.raises(cifar_resnet.TrainerError) as error:
+        cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, path, fix2.g.variables_to_restore)
+    message = str(error.value)
+    assert "resnet_v2_50/conv1/weights (graph [7, 7, 3, 64], checkpoint [3, 3, 3, 64])" in message
+    assert "269 variables missing from it: " in message and "... (261 more)" in message
+
+
+def test_missing_default_checkpoint_means_training_from_scratch(fix2, capsys):
+    assert not cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, "/nonexistent/resnet_v2_50.ckpt",
+                                               fix2.g.variables_to_restore, explicit=False)
+    assert "training from scratch" in capsys.readouterr().out
+    with pytest.raises(cifar_resnet.TrainerError, match="not found"):
+        cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, "/nonexistent/resnet_v2_50.ckpt",
+                                        fix2.g.variables_to_restore, explicit=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The program end to end
+# ------------------------------------------------------------------------------------------------
+
+def test_short_run_writes_checkpoints_and_event_files(tmp_path, capsys):
+    # In-process (main(argv)) to spare a second TensorFlow start-up; the static test below uses a subprocess.
+    cifar10.make_synthetic(str(tmp_path / "data"), num_train=21, num_valid=10, seed=5)
+    code = cifar_resnet.main(list(map(str, [
+        "--data_dir", tmp_path / "data", "--batch_size", 8, "--valid_batch_size", 5, "--max_steps", 4,
+        "--valid_every", 2, "--log_every", 1, "--model_dir", tmp_path / "models", "--log_dir", tmp_path / "logs"])))
+    out, err = capsys.readouterr()
+    assert code == 0, out[-2000:] + err[-2000:]
+    assert "Step: 1,Train_Acc:" in out and "Examples/sec:" in out
+    assert out.count("Valid-----> ,Valid_Acc:") == 2
+    # 21 rows in batches of 8: the third is 5 rows, 2 per tower, 1 dropped
+    assert "step 3 (train): batch of 5 rows over 2 towers: current_batch_size = 5 // 2 = 2, 1 row dropped" in out
+    assert "rows dropped by the split: 1" in out
+    assert os.path.exists(tmp_path / "models" / "train-model.ckpt-4.index")
+    assert glob.glob(str(tmp_path / "logs" / "train" / "events.out.tfevents.*"))
+    assert glob.glob(str(tmp_path / "logs" / "valid" / "events.out.tfevents.*"))
+
+
+def test_static_split_run_reports_the_expected_nan(tmp_path, monkeypatch):
+    # Eigen kernels (oneDNN off) behave as the GPUs of the seed: the empty tower's loss is NaN.
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    cifar10.make_synthetic(str(tmp_path / "data"), num_train=11, num_valid=4, seed=6)
+    result = run_program(["legacy/cifar_resnet.py", "--data_dir", tmp_path / "data", "--split", "static",
+                          "--batch_size", 8, "--valid_batch_size", 4, "--max_steps", 2, "--valid_every", 100,
+                          "--log_every", 1, "--model_dir", tmp_path / "models", "--log_dir", tmp_path / "logs"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    out = result.stdout
+    # 11 rows in batches of 8: the second has 3 rows; constant current_batch_size 4 gives towers [3, 0].
+    assert "--split=static gives towers [3, 0] rows (constant current_batch_size 4)" in out
+    assert "step 2: loss NaN on towers [1]" in out and "the expected NaN" in out
+    assert "Step: 2,Train_Acc: " in out and "Loss: nan" in out
+
+
+def test_bad_input_is_a_one_paragraph_error_before_any_graph(tmp_path, capsys):
+    data = tmp_path / "data"
+    cifar10.make_synthetic(str(data), num_train=4, num_valid=4, seed=7)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cifar_resnet.main(["--data_dir", str(data), "--model_dir", str(blocker / "models")]) == 2
+    assert f"the model folder {blocker / 'models'} cannot be written" in capsys.readouterr().err
+    (data / "test.tfrecords").write_bytes(b"garbage" * 10)
+    assert cifar_resnet.main(["--data_dir", str(data), "--model_dir", str(tmp_path / "m")]) == 2
+    assert f"TFRecord file {data / 'test.tfrecords'} is corrupt" in capsys.readouterr().err
+    assert cifar_resnet.main(["--data_dir", str(tmp_path / "nowhere")]) == 2
+    assert "TFRecord file not found: " + str(tmp_path / "nowhere" / "train.tfrecords") in capsys.readouterr().err
