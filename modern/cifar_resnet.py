@@ -157,14 +157,34 @@ def resolve_data(args):
 # ----------------------------------------------------------------------------------------------
 # Data: the original's pipelines, handed to the replicas by the strategy.
 # ----------------------------------------------------------------------------------------------
+def spread_short_batch(x, y_onehot, num_replicas):
+    """A global batch -> (x, y_onehot, weights) that `experimental_distribute_dataset` can split
+    without leaving a replica empty.
+
+    The strategy splits a batch of B rows as evenly as it can (7 rows on 2 replicas: 4 + 3), but a
+    batch with fewer rows than replicas leaves some with none (1 row on 2: 1 + 0), and a replica
+    cannot run the ResNet on zero rows: Keras' Conv2D fails on an empty batch on CPU, batch norm
+    over no rows is 0/0 = NaN, and a `tf.cond` around the forward pass is impossible because
+    synchronised batch-norm statistics are a cross-replica call.  So such a batch is copied onto
+    every replica, each copy weighing 1/num_replicas: the summed loss and gradient are those of the
+    B rows once, and every replica's batch statistics are those of the B rows, as on one device.
+    Otherwise the weights are all 1.
+    """
+    rows = tf.shape(x)[0]
+    copies = tf.where(rows < num_replicas, num_replicas, 1)
+    weights = tf.fill([rows * copies], 1.0 / tf.cast(copies, tf.float32))
+    return tf.tile(x, [copies, 1, 1, 1]), tf.tile(y_onehot, [copies, 1]), weights
+
+
 def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffle_buffer, num_epochs,
-                  augment=False, skip_batches=0):
-    """The original's training and validation datasets of GLOBAL batches (images, one-hot labels).
+                  num_replicas=1, augment=False, skip_batches=0):
+    """The original's training and validation datasets of GLOBAL batches.
 
     Same order as the original: parse, preprocess, shuffle, batch, repeat (batch before repeat, so
-    every epoch ends on a short batch).  `experimental_distribute_dataset` then splits each global
-    batch over the replicas, the short one included (7 rows on 2 replicas: 4 + 3; 1 row: 1 + 0).
-    `skip_batches` skips what a resumed run has already trained on.
+    every epoch ends on a short batch).  Elements are (images, one-hot labels, weights) from
+    `spread_short_batch`; `experimental_distribute_dataset` then splits each global batch over the
+    replicas, the short one included (7 rows on 2 replicas: 4 + 3).  `skip_batches` skips what a
+    resumed run has already trained on.
     """
     preprocess = cifar10.preprocess_for_train if augment else cifar10.preprocess_for_test
 
@@ -178,19 +198,21 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
     dataset = dataset.shuffle(shuffle_buffer)
     dataset = dataset.batch(batch_size)
     dataset = dataset.repeat(num_epochs)
-    dataset = dataset.map(one_hot).skip(skip_batches).prefetch(2)
+    dataset = dataset.map(one_hot).skip(skip_batches)
+    dataset = dataset.map(lambda x, y: spread_short_batch(x, y, num_replicas)).prefetch(2)
 
     val_dataset = tf.data.TFRecordDataset(valid_files)
     val_dataset = val_dataset.map(cifar10.parser_tfrecords)
     val_dataset = val_dataset.map(lambda image, label: (cifar10.preprocess_for_test(image), label))
-    val_dataset = val_dataset.batch(valid_batch_size).map(one_hot).prefetch(2)
+    val_dataset = val_dataset.batch(valid_batch_size).map(one_hot)
+    val_dataset = val_dataset.map(lambda x, y: spread_short_batch(x, y, num_replicas)).prefetch(2)
     return dataset, val_dataset
 
 
 # ----------------------------------------------------------------------------------------------
 # Loss and gradients of one replica.
 # ----------------------------------------------------------------------------------------------
-def _replica_forward(model, x, y_onehot, global_batch_size, training):
+def _replica_forward(model, x, y_onehot, global_batch_size, training, weights=None):
     logits = model(x, training=training)
     per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
     # Legacy: each tower takes the MEAN over its b rows, then average_gradients takes the mean over
@@ -198,13 +220,13 @@ def _replica_forward(model, x, y_onehot, global_batch_size, training):
     # batch B, and the replicas' gradients are SUMMED: weight 1/B per row.  On an even batch
     # (B = N*b) the two agree exactly; on an uneven one (7 rows: 4 + 3) the legacy weighting
     # favours the rows of the smaller tower (1/6 against 1/8) while here every row weighs 1/7.
-    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+    loss = tf.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=global_batch_size)
     # No `model.losses`: the conv kernels carry slim's weight-decay regularisers, but the legacy
     # program never adds tf.GraphKeys.REGULARIZATION_LOSSES to its loss, so neither do we.
     return loss, logits
 
 
-def compute_replica_loss(model, x, y_onehot, global_batch_size, training=True):
+def compute_replica_loss(model, x, y_onehot, global_batch_size, training=True, weights=None):
     """This replica's share of the loss: sum of its rows' cross-entropy / global_batch_size.
 
     Summed over the replicas it is the mean cross-entropy of the global batch (see _replica_forward
@@ -212,31 +234,34 @@ def compute_replica_loss(model, x, y_onehot, global_batch_size, training=True):
     Args:
       model: the Keras ResNet (modern.resnet_v2); called with `training`.
       x: float32 [rows, 32, 32, 3], preprocessed; y_onehot: float32 [rows, num_classes].
-      global_batch_size: rows of the whole step over all replicas (int or int32 tensor).
+      global_batch_size: rows of the whole step over all replicas (int or int32 tensor), counted
+        by weight (see spread_short_batch).
+      weights: optional per-row weights [rows] (spread_short_batch's); None means all 1.
     """
-    return _replica_forward(model, x, y_onehot, global_batch_size, training)[0]
+    return _replica_forward(model, x, y_onehot, global_batch_size, training, weights)[0]
 
 
-def _replica_gradients(model, x, y_onehot, global_batch_size):
+def _replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        loss, logits = _replica_forward(model, x, y_onehot, global_batch_size, training=True)
-    grads = tape.gradient(loss, variables)
-    # A replica with no rows (a global batch smaller than the replica count) contributes nothing.
-    # Its loss is already 0 (a sum over no rows), but batch norm over an empty batch has mean 0/0 =
-    # NaN, and gamma's gradient sum(dy * x_hat) then holds 0 * NaN: say "zero" explicitly.
-    has_rows = tf.shape(x)[0] > 0
-    grads = [tf.where(has_rows, g, tf.zeros_like(g)) for g in grads]
-    return tf.where(has_rows, loss, tf.zeros_like(loss)), grads, logits
+        loss, logits = _replica_forward(model, x, y_onehot, global_batch_size, True, weights)
+    return loss, tape.gradient(loss, variables), logits
 
 
-def replica_gradients(model, x, y_onehot, global_batch_size):
+def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
     """(loss, gradients aligned with model.trainable_variables) of one replica, before the all-reduce.
 
-    A replica that receives zero rows returns loss 0 and all-zero gradients.
+    The replica must hold at least one row (see spread_short_batch).
     """
-    loss, grads, _ = _replica_gradients(model, x, y_onehot, global_batch_size)
+    loss, grads, _ = _replica_gradients(model, x, y_onehot, global_batch_size, weights)
     return loss, grads
+
+
+def _global_rows(rows, weights):
+    """Rows of the whole step, each counted by its weight (copies of spread_short_batch count once)."""
+    local = tf.cast(rows, tf.float32) if weights is None else tf.reduce_sum(weights)
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+    return tf.cast(tf.round(total), tf.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,25 +294,27 @@ def make_optimizer(boundaries=boundaries, values=values, epsilon=1e-8):
 def make_train_step(model, optimizer, strategy, global_batch_size=None, return_metrics=False):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
-    dist_batch: an (images, one-hot labels) element of `strategy.experimental_distribute_dataset`.
+    dist_batch: an (images, one-hot labels[, weights]) element of `experimental_distribute_dataset`
+    (weights from spread_short_batch; every replica must hold at least one row).
     Each replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces
     the replicas' gradients and applies them once to every copy of the weights (Adam steps once).
     global_batch_size: None counts the rows actually in each step, so a short last batch is
     weighted by its true size; an int fixes it (all replicas must then see that many rows in all).
-    With return_metrics, returns (loss, {'accuracy', 'correct', 'rows', 'learning_rate'}), the
-    learning rate being the one this step used.
+    With return_metrics, returns (loss, {'accuracy', 'rows', 'learning_rate'}): the global batch's
+    accuracy, its rows (copies counted once) and the learning rate this step used.
     """
     variables = model.trainable_variables
 
-    def replica_step(x, y_onehot):
-        rows = tf.shape(x)[0]
+    def replica_step(x, y_onehot, weights=None):
         global_rows = global_batch_size
         if global_rows is None:
-            global_rows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, rows)
-        loss, grads, logits = _replica_gradients(model, x, y_onehot, global_rows)
+            global_rows = _global_rows(tf.shape(x)[0], weights)
+        loss, grads, logits = _replica_gradients(model, x, y_onehot, global_rows, weights)
         optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one Adam update
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.int32))
-        return loss, correct, rows
+        hits = tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.float32)
+        if weights is None:
+            return loss, tf.reduce_sum(hits), tf.cast(tf.shape(x)[0], tf.float32)
+        return loss, tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
 
     @tf.function
     def train_step(dist_batch):
@@ -298,20 +325,26 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
             loss, correct, rows = total(loss), total(correct), total(rows)
         if not return_metrics:
             return loss
-        accuracy = tf.cast(correct, tf.float32) / tf.cast(tf.maximum(rows, 1), tf.float32)
-        return loss, {"accuracy": accuracy, "correct": correct, "rows": rows, "learning_rate": learning_rate}
+        rows = tf.cast(tf.round(rows), tf.int32)
+        accuracy = correct / tf.cast(tf.maximum(rows, 1), tf.float32)
+        return loss, {"accuracy": accuracy, "rows": rows, "learning_rate": learning_rate}
 
     return train_step
 
 
 def make_eval_step(model, strategy):
-    """A tf.function(dist_batch) -> (summed cross-entropy, correct predictions, rows), inference mode."""
+    """A tf.function(dist_batch) -> (summed cross-entropy, correct predictions, rows), inference mode.
 
-    def replica_step(x, y_onehot):
+    dist_batch as for make_train_step; sums are weighted, so copied rows count once.
+    """
+
+    def replica_step(x, y_onehot, weights=None):
+        if weights is None:
+            weights = tf.ones([tf.shape(x)[0]])
         logits = model(x, training=False)
-        cross_entropy = tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.int32))
-        return cross_entropy, correct, tf.shape(x)[0]
+        cross_entropy = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
+        hits = tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.float32)
+        return tf.reduce_sum(cross_entropy * weights), tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
 
     @tf.function
     def eval_step(dist_batch):
@@ -324,11 +357,11 @@ def make_eval_step(model, strategy):
 
 def validate(eval_step, strategy, val_dataset):
     """The whole validation set once: (accuracy, mean loss), both averaged over rows."""
-    cross_entropy, correct, rows = 0.0, 0, 0
+    cross_entropy, correct, rows = 0.0, 0.0, 0.0
     for batch in strategy.experimental_distribute_dataset(val_dataset):
         ce, c, r = eval_step(batch)
-        cross_entropy, correct, rows = cross_entropy + float(ce), correct + int(c), rows + int(r)
-    return correct / rows, cross_entropy / rows
+        cross_entropy, correct, rows = cross_entropy + float(ce), correct + float(c), rows + float(r)
+    return round(correct) / round(rows), cross_entropy / rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,7 +429,8 @@ def train(args):
     steps_per_epoch = -(-num_train // args.batch_size)
     last = num_train - (steps_per_epoch - 1) * args.batch_size
     print(f"global batch {args.batch_size} over {n} replicas; each epoch ends on a batch of {last} rows, "
-          f"split over the replicas whole (no row dropped)")
+          f"split over the replicas whole (no row dropped"
+          + (f"; fewer rows than replicas: copied to each, weighted 1/{n})" if last < n else ")"))
 
     model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args)
     print(origin)
@@ -405,7 +439,7 @@ def train(args):
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
     train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
-                                     args.shuffle_buffer, args.epochs, args.augment, skip_batches=start)
+                                     args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start)
     iterator = iter(strategy.experimental_distribute_dataset(train_ds))
     train_step = make_train_step(model, optimizer, strategy, return_metrics=True)
     eval_step = make_eval_step(model, strategy)
