@@ -23,15 +23,19 @@ Defaults are the original's constants (2 towers, batch 256, validation batch 256
 line every 10 steps, validation every 100), each a flag.  One exception, the *embedded default
 profile*: when no data is given (no --data_dir / --train_tfrecords) the program trains on a small
 synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 1001 training and 250 validation
-images) and, unless set on the command line, uses batch_size 32, valid_batch_size 50 and 12 epochs
-(385 steps) instead of 256, 256 and 200, so that the run ends in about 3 minutes on 2 CPU cores; the
-log says which values differ.  On real data every default is the original's.
+images) and, unless set on the command line, uses batch_size 16, valid_batch_size 50 and 8 epochs
+(504 steps) instead of 256, 256 and 200 (`records.cifar10.EMBEDDED_PROFILE`), so that the run ends in
+about 3 minutes on 2 CPU cores with enough steps for the batch-norm moving averages (decay 0.997) to
+settle before the last validation; the log says which values differ.  On real data every default is
+the original's.
 
 The original's quirks are kept and marked "Quirk kept": training images go through
 `preprocess_for_test` (no augmentation); the logged loss is the LAST tower's; the accuracy is tower
 0's; validation accuracy is the mean of per-batch accuracies.  Deviations, each marked "Port:":
---split=weighted (loses no rows), loud errors instead of silent NaN, a step limit, a missing
-pretrained checkpoint means training from scratch (with a log line).
+--split=weighted (loses no rows); a NaN loss stops training with an error (except under
+--split=static, where it is the point); a batch with fewer rows than towers, which leaves every
+tower empty under the original's split, is logged and skipped; a step limit; a missing pretrained
+checkpoint means training from scratch (with a log line); grappler off on CPU towers (--grappler).
 
 On a machine without GPUs each tower runs on its own virtual CPU device (`legacy/towers.py`).
 """
@@ -45,16 +49,18 @@ import warnings
 if __package__ in (None, ""):  # run as `python legacy/cifar_resnet.py`: make `legacy`, `records` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The original pinned os.environ["CUDA_VISIBLE_DEVICES"] = "0, 1"; the port leaves the GPUs to the user
+# and places towers with towers.tower_devices (GPUs if enough, else virtual CPU devices).
 
 import numpy as np
 
 from legacy import towers  # noqa: E402  (installs the tf-slim compatibility alias first)
-from legacy.towers import average_gradients  # noqa: E402
+from legacy.towers import average_gradients  # noqa: E402  (was: from prepared_functions import ...)
 import tensorflow.compat.v1 as tf  # noqa: E402
 import tf_slim as slim  # noqa: E402
 from tf_slim import nets  # noqa: E402  (was tensorflow.contrib.slim.nets)
 from records import cifar10  # noqa: E402
-from records.cifar10 import parser_tfrecords, preprocess_for_test  # noqa: E402,F401
+from records.cifar10 import parser_tfrecords, preprocess_for_test  # noqa: E402  (were utils.*)
 
 """
 ""net parameters (the original's constants; each is a flag below)
@@ -84,8 +90,8 @@ tfrecords_dir = "./tfrecords/cifar10"      # the original's train.tfrecords / te
 checkpoint_exclude_scopes = "Logits"
 
 # The embedded default profile (used only when no data is given; see the module docstring).
-EMBEDDED_DATA_DIR = "./data/cifar10_synthetic"
-EMBEDDED_PROFILE = {"batch_size": 32, "valid_batch_size": 50, "epochs": 12}
+EMBEDDED_DATA_DIR = cifar10.DEFAULT_DATA_DIR
+EMBEDDED_PROFILE = cifar10.EMBEDDED_PROFILE  # batch_size 16, valid_batch_size 50, epochs 8
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
 
 
@@ -582,7 +588,8 @@ def train(args):
 
         init = tf.global_variables_initializer()
         config = session_config(args.num_towers, args.grappler, devices)
-        log(f"graph optimizer (grappler): {'off' if config.graph_options.rewrite_options.disable_meta_optimizer else 'on'}")
+        grappler_off = config.graph_options.rewrite_options.disable_meta_optimizer
+        log(f"graph optimizer (grappler): {'off' if grappler_off else 'on'}")
         with tf.Session(config=config) as sess:
             sess.run(init)
             restore_pretrained(sess, saver_restore, args.pretrained or resnet_model_path, g.variables_to_restore,

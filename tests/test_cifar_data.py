@@ -139,7 +139,7 @@ def test_preprocess_for_train_is_a_flipped_crop_of_the_padded_image():
 def test_synthetic_set_is_sized_with_a_short_last_batch_and_learnable(tmp_path):
     train_path, test_path = cifar10.make_synthetic(str(tmp_path))
     assert cifar10.check_tfrecord_files([train_path, test_path]) == [1001, 250]
-    assert 1001 % 32 == 9  # the embedded profile's batch 32: short, odd last batch
+    assert 1001 % cifar10.EMBEDDED_PROFILE["batch_size"] == 9  # the embedded run's short, odd last batch
     train_x, train_y = _read_records(train_path)
     test_x, test_y = _read_records(test_path)
     assert sorted(set(train_y.tolist())) == list(range(10))
