@@ -45,8 +45,14 @@ class TensorError:
         return dataclasses.asdict(self)
 
 
-def tensor_error(name, a, b):
-    """Errors of `a` against the reference `b` (both array-like, same shape)."""
+def tensor_error(name, a, b, floor=0.0):
+    """Errors of `a` against the reference `b` (both array-like, same shape).
+
+    floor: a norm below which `b` is not trusted as the yardstick of rel_l2 (rel_l2 = ||a - b|| /
+    max(||b||, floor)).  Gradients use their even share of the whole gradient's norm (see
+    `share_floors`): a tensor whose exact gradient is zero (the conv biases that feed a batch norm
+    in training mode) holds only round-off on both sides, and its own norm says nothing.
+    """
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -59,8 +65,15 @@ def tensor_error(name, a, b):
         return TensorError(name, bad, bad, bad)
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float((diff / (np.abs(b) + TINY)).max()) if diff.size else 0.0
-    rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(b), TINY)) if diff.size else 0.0
+    rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(b), floor, TINY)) if diff.size else 0.0
     return TensorError(name, max_abs, max_rel, rel_l2)
+
+
+def share_floors(tensors):
+    """{name: ||all tensors|| * sqrt(size / total size)}: each tensor's even share of the total norm."""
+    total = float(np.sqrt(sum(np.sum(np.square(np.asarray(t, np.float64))) for t in tensors.values())))
+    size = sum(np.size(t) for t in tensors.values())
+    return {n: total * np.sqrt(np.size(t) / size) for n, t in tensors.items()}
 
 
 @dataclasses.dataclass
