@@ -291,7 +291,8 @@ def make_optimizer(boundaries=boundaries, values=values, epsilon=1e-8):
 # ----------------------------------------------------------------------------------------------
 # One training step, one validation step, over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, global_batch_size=None, return_metrics=False):
+def make_train_step(model, optimizer, strategy, global_batch_size=None, return_metrics=False,
+                    element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch: an (images, one-hot labels[, weights]) element of `experimental_distribute_dataset`
@@ -302,6 +303,8 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
     weighted by its true size; an int fixes it (all replicas must then see that many rows in all).
     With return_metrics, returns (loss, {'accuracy', 'rows', 'learning_rate'}): the global batch's
     accuracy, its rows (copies counted once) and the learning rate this step used.
+    element_spec: the distributed dataset's `element_spec`, to trace once for every batch size
+    (without it the short last batch costs a second trace of the whole network).
     """
     variables = model.trainable_variables
 
@@ -316,7 +319,7 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
             return loss, tf.reduce_sum(hits), tf.cast(tf.shape(x)[0], tf.float32)
         return loss, tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
 
-    @tf.function
+    @tf.function(input_signature=None if element_spec is None else [element_spec])
     def train_step(dist_batch):
         with strategy.scope():  # this strategy's cross-replica context, wherever we are called from
             learning_rate = optimizer.learning_rate  # schedule(iterations), read before the update
@@ -332,10 +335,10 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
     return train_step
 
 
-def make_eval_step(model, strategy):
+def make_eval_step(model, strategy, element_spec=None):
     """A tf.function(dist_batch) -> (summed cross-entropy, correct predictions, rows), inference mode.
 
-    dist_batch as for make_train_step; sums are weighted, so copied rows count once.
+    dist_batch and element_spec as for make_train_step; sums are weighted, so copied rows count once.
     """
 
     def replica_step(x, y_onehot, weights=None):
@@ -346,7 +349,7 @@ def make_eval_step(model, strategy):
         hits = tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.float32)
         return tf.reduce_sum(cross_entropy * weights), tf.reduce_sum(hits * weights), tf.reduce_sum(weights)
 
-    @tf.function
+    @tf.function(input_signature=None if element_spec is None else [element_spec])
     def eval_step(dist_batch):
         with strategy.scope():
             results = strategy.run(replica_step, args=dist_batch)
@@ -355,10 +358,10 @@ def make_eval_step(model, strategy):
     return eval_step
 
 
-def validate(eval_step, strategy, val_dataset):
+def validate(eval_step, dist_val_dataset):
     """The whole validation set once: (accuracy, mean loss), both averaged over rows."""
     cross_entropy, correct, rows = 0.0, 0.0, 0.0
-    for batch in strategy.experimental_distribute_dataset(val_dataset):
+    for batch in dist_val_dataset:
         ce, c, r = eval_step(batch)
         cross_entropy, correct, rows = cross_entropy + float(ce), correct + float(c), rows + float(r)
     return round(correct) / round(rows), cross_entropy / rows
@@ -380,7 +383,7 @@ def build(strategy, args):
         model = resnet_v2_50(num_classes=num_classes, keep_prob=args.keep_prob, blocks=blocks)
         optimizer = make_optimizer(args.boundaries, args.values)
         optimizer.build(model.trainable_variables)  # the slots now, so a checkpoint restores into them
-        best_acc = tf.Variable(0.0, trainable=False, name="best_acc")
+        best_acc = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="best_acc")  # exact python float
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc)
     manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=5,
                                          checkpoint_name="train-model.ckpt")
@@ -398,6 +401,8 @@ def build(strategy, args):
     if pretrained is None:
         return (model, optimizer, checkpoint, manager, best_acc,
                 f"No pretrained checkpoint ({resnet_model_path} not found, no --pretrained): training from scratch")
+    if not (tf.io.gfile.exists(pretrained + ".index") or tf.io.gfile.isdir(pretrained)):
+        raise UsageError(f"pretrained checkpoint {pretrained} not found")
     try:
         with strategy.scope():
             report = tf1_checkpoints.load_tf1_checkpoint(model, pretrained, exclude_scopes=(checkpoint_exclude_scopes,))
@@ -440,16 +445,22 @@ def train(args):
         total_steps = min(total_steps, args.max_steps)
     train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
                                      args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start)
-    iterator = iter(strategy.experimental_distribute_dataset(train_ds))
-    train_step = make_train_step(model, optimizer, strategy, return_metrics=True)
-    eval_step = make_eval_step(model, strategy)
+    dist_train_ds = strategy.experimental_distribute_dataset(train_ds)
+    dist_val_ds = strategy.experimental_distribute_dataset(val_ds)
+    iterator = iter(dist_train_ds)
+    train_step = make_train_step(model, optimizer, strategy, return_metrics=True,
+                                 element_spec=dist_train_ds.element_spec)
+    eval_step = make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec)
     train_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "train"))
     valid_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "valid"))
 
-    step, loss_t, rows_seen = start, float("nan"), 0
-    start_time = window_time = time.time()
-    window_rows = 0
+    step, loss_t = start, float("nan")
+    best_step, best_path = None, None
+    trained_rows = interval_rows = 0
+    train_time = interval_time = 0.0
+    start_time = time.time()
     while step < total_steps:
+        t_step = time.time()
         try:
             batch = next(iterator)
         except StopIteration:
@@ -459,20 +470,21 @@ def train(args):
         loss_t, acc_t, lr = float(loss), float(metrics["accuracy"]), float(metrics["learning_rate"])
         if not tf.math.is_finite(loss):
             raise UsageError(f"the loss is {loss_t} at step {step}: training stopped")
+        seconds = time.time() - t_step
         rows = int(metrics["rows"])
-        rows_seen += rows
-        window_rows += rows
+        trained_rows, interval_rows = trained_rows + rows, interval_rows + rows
+        train_time, interval_time = train_time + seconds, interval_time + seconds
         if step % args.log_every == 0:
-            now = time.time()
-            print('Step: {},Train_Acc: {:.4f},Loss: {:.8f} ({:.1f} examples/sec)'.format(
-                step, acc_t, loss_t, window_rows / (now - window_time)))
-            window_time, window_rows = now, 0
+            # The legacy line; here Loss and Train_Acc are the whole global batch's.
+            print('Step: {},Train_Acc: {:.4f},Loss: {:.8f}'.format(step, acc_t, loss_t)
+                  + f",Examples/sec: {interval_rows / max(interval_time, 1e-9):.1f}", flush=True)
+            interval_rows, interval_time = 0, 0.0
             with train_writer.as_default():
                 write_scalar("lr", lr, step)
                 write_scalar("accuracy", acc_t, step)
                 write_scalar("loss", loss_t, step)
         if step % args.valid_every == 0:  # validation accuracy
-            avg_acc, avg_loss = validate(eval_step, strategy, val_ds)
+            avg_acc, avg_loss = validate(eval_step, dist_val_ds)
             with valid_writer.as_default():
                 write_scalar("lr", lr, step)
                 write_scalar("accuracy", avg_acc, step)
@@ -480,26 +492,29 @@ def train(args):
             print('------------------------------------------------------')
             print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
             print('------------------------------------------------------')
-            # Save the best model
+            # Save the best model (best_acc travels in the checkpoint, so a resumed run keeps it).
             if avg_acc > float(best_acc.numpy()):
                 best_acc.assign(avg_acc)
-                saved = manager.save(checkpoint_number=step)
-                print(f"Model saved: {saved}")
+                best_step, best_path = step, manager.save(checkpoint_number=step)
+                print("Model saved successfully")
                 print("Save the best model with val_acc %0.4f" % avg_acc)
             else:
-                print("Val_acc stay with val_acc %0.4f" % float(best_acc.numpy()))
+                print("Val_acc stay with val_acc %0.4f" % float(best_acc.numpy()), flush=True)
     train_writer.close()
     valid_writer.close()
-    final = manager.save(checkpoint_number=step) if step > start else manager.latest_checkpoint
-    elapsed = time.time() - start_time
-    steps_run = step - start
-    print("Total time:", elapsed)
-    print(f"Summary: {steps_run} steps this run (step {start} -> {step} of {total_steps}), "
-          f"{rows_seen} examples, {elapsed:.1f} s"
-          + (f", {rows_seen / elapsed:.1f} examples/sec" if steps_run else "")
-          + f"; last loss {loss_t:.6f}; best val_acc {float(best_acc.numpy()):.4f}; "
-          f"latest checkpoint {final}; logs in {args.log_dir}")
+    if step > start and best_step != step:
+        final = manager.save(checkpoint_number=step)
+    else:  # nothing trained, or the best model was just saved at this very step
+        final = manager.latest_checkpoint
+    end_time = time.time()
+    print("Total time:", end_time - start_time)
     print('Ended......')
+    print(f"summary: {step - start} steps this run (step {start} -> {step} of {total_steps}) in "
+          f"{end_time - start_time:.1f} s wall ({trained_rows / max(train_time, 1e-9):.1f} examples/sec in "
+          f"training steps); "
+          + (f"best Valid_Acc {float(best_acc.numpy()):.4f} at step {best_step}, saved as {best_path}; "
+             if best_path else f"best Valid_Acc so far {float(best_acc.numpy()):.4f} (not improved this run); ")
+          + f"final model {final}; rows dropped: 0 of {trained_rows}; event files in {args.log_dir}")
 
 
 def main(argv=None):

@@ -217,7 +217,8 @@ def make_moving_average(model, optimizer, decay=0.99):
 # ----------------------------------------------------------------------------------------------
 # One training step over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None, return_grads=False):
+def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None, return_grads=False,
+                    element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch is an (x, labels) element of `strategy.experimental_distribute_dataset`.  Each
@@ -227,6 +228,7 @@ def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None
     global_batch_size: None counts the rows actually present in each step (a short last batch is
     weighted by its true size); an int fixes it.
     With return_grads, returns (loss, the summed gradients aligned with model.trainable_variables).
+    element_spec: the distributed dataset's `element_spec`, to trace once for every batch size.
     """
     variables = model.trainable_variables
 
@@ -241,7 +243,7 @@ def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None
         optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one update
         return loss, grads
 
-    @tf.function
+    @tf.function(input_signature=None if element_spec is None else [element_spec])
     def train_step(dist_batch):
         with strategy.scope():  # this strategy's cross-replica context, wherever we are called from
             per_replica_loss, per_replica_grads = strategy.run(replica_step, args=dist_batch)
@@ -317,8 +319,10 @@ def train(args):
         print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
 
     dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True)
+    dist_dataset = strategy.experimental_distribute_dataset(dataset)
+    iterator = iter(dist_dataset)
+    train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True,
+                                 element_spec=dist_dataset.element_spec)
     writer = tf.summary.create_file_writer(args.model_save_path)
     variables = model.trainable_variables
 

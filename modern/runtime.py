@@ -67,13 +67,23 @@ def placement_message(devices):
             f"({', '.join(devices)})")
 
 
+# One MirroredStrategy per set of devices and process.  Two strategies over the same devices in one
+# process (a test run, the parity harness) number their collective all-reduces from the same keys,
+# and one's reduce meets the other's: "Shape mismatch in the collective instance 100".
+_STRATEGIES = {}
+
+
 def make_strategy(num_replicas, log=print):
-    """A MirroredStrategy over `configure_devices(num_replicas)`, after logging where replicas are."""
-    devices = configure_devices(num_replicas)
-    strategy = tf.distribute.MirroredStrategy(devices=devices)
+    """The MirroredStrategy over `configure_devices(num_replicas)`, after logging where replicas are.
+
+    Made once per process and set of devices, then shared (see _STRATEGIES).
+    """
+    devices = tuple(configure_devices(num_replicas))
+    if devices not in _STRATEGIES:
+        _STRATEGIES[devices] = tf.distribute.MirroredStrategy(devices=list(devices))
     if log is not None:
         log(placement_message(devices))
-    return strategy
+    return _STRATEGIES[devices]
 
 
 def enable_determinism(seed):

@@ -9,11 +9,14 @@ import glob
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from modern import cifar_resnet
+from modern.checkpoints import save_tf1_checkpoint
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50
 from modern.runtime import DeviceSetupError, configure_devices, make_strategy
 from records import cifar10
@@ -176,6 +179,26 @@ def test_optimizer_reads_the_rate_at_the_step_before_its_update():
     assert used == [1.0, 1.0, 1.0, 0.5]  # steps 0, 1, 2 (<= boundary 2), then 3
 
 
+def _build_args(tmp_path, pretrained):
+    return SimpleNamespace(units_per_block=[1, 1, 1, 1], keep_prob=1.0, boundaries=[10000, 25000],
+                           values=[0.001, 0.0001, 0.00001], model_dir=str(tmp_path / "models"),
+                           pretrained=pretrained)
+
+
+def test_pretrained_tf1_checkpoint_restores_all_but_logits(strategy, model, tmp_path):
+    prefix = save_tf1_checkpoint(model, str(tmp_path / "tf1" / "resnet_v2_50.ckpt"))
+    fresh, _, _, _, _, origin = cifar_resnet.build(strategy, _build_args(tmp_path, prefix))
+    assert origin.startswith("Restored") and "Logits" in origin
+    for new, old in zip(fresh.trainable_variables, model.trainable_variables):
+        if new.path.startswith("resnet_v2_50/Logits_fc"):
+            if new.path.endswith("kernel"):  # the head keeps its fresh initialisation
+                assert not np.array_equal(new.numpy(), old.numpy())
+        else:
+            assert np.array_equal(new.numpy(), old.numpy()), new.path
+    with pytest.raises(cifar_resnet.UsageError, match="not found"):
+        cifar_resnet.build(strategy, _build_args(tmp_path, str(tmp_path / "missing.ckpt")))
+
+
 def _tf1_adam(start, grads):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         w = tf.compat.v1.Variable(start)
@@ -244,7 +267,8 @@ def _checkpoint_values(prefix):
 
 def _step_lines(stdout):
     """The loss and accuracy lines, without their examples/sec (a timing)."""
-    return [line.split(" (")[0] for line in stdout.splitlines() if line.startswith(("Step:", "Valid----->"))]
+    return [line.split(",Examples/sec")[0] for line in stdout.splitlines()
+            if line.startswith(("Step:", "Valid----->"))]
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +290,8 @@ def test_short_run_writes_checkpoints_and_legacy_summary_tags(two_runs):
     root, result = two_runs[0]
     assert "Step: 4,Train_Acc:" in result.stdout and "Valid----->" in result.stdout
     assert "each epoch ends on a batch of 1 rows" in result.stdout
-    assert "Summary: 4 steps this run (step 0 -> 4 of 4), 25 examples" in result.stdout  # none lost
+    assert "summary: 4 steps this run (step 0 -> 4 of 4)" in result.stdout
+    assert "rows dropped: 0 of 25" in result.stdout  # the 1-row batch counted once, nothing lost
     assert "Ended......" in result.stdout
     assert tf.train.latest_checkpoint(str(root / "models")).endswith("train-model.ckpt-4")
     for sub in ("train", "valid"):
