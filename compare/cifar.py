@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from compare import common
-from compare.report import judge, share_floors, tensor_error
+from compare.report import TOLERANCES, judge, share_floors, tensor_error
 import tf_slim as slim
 
 from legacy import cifar_resnet as legacy_cifar
@@ -63,7 +63,7 @@ def build_legacy(cfg, tmp_dir):
         g.beta_powers = g.optimizer._get_beta_accumulators()
         init = tf1.global_variables_initializer()
     g.graph = graph
-    g.sess = common.legacy_session(graph, cfg.towers)
+    g.sess = common.legacy_session(graph, cfg.towers, legacy_cifar.session_config(cfg.towers))
     g.sess.run(init)
     if cfg.checkpoint:
         # The user's own TF1 checkpoint (the legacy trainer's or slim-named): every model variable.
@@ -284,55 +284,75 @@ def check_training(g, m, x, y, keep_prob):
 
 
 def check_training_steps(g, m, xs, ys):
-    """K Adam steps: lr and loss at each step; then weights, Adam slots, beta powers; BN stats."""
-    start = g.sess.run(g.model_variables)
-    losses_l, losses_m, lr_errors, bn = [], [], [], []
+    """K Adam steps, each from one shared state: lr, loss, update of every weight, Adam slots, beta
+    powers, batch-norm moving statistics.
+
+    Before every step the modern model and optimizer are set to the legacy run's state (weights,
+    moving statistics, Adam m and v; the step counters agree by construction), then both take the
+    step and every resulting tensor is compared.  Left to run freely the two trajectories part
+    within three steps, and not because either is wrong: ResNet-v2-50 with 8 rows per tower
+    amplifies a one-ulp weight difference (TF1's ApplyAdam kernel and Keras' Adam round
+    differently) into ~1e-2 relative gradient differences in block1 (the same size as what a row
+    permutation does to one program, see README), and Adam passes that on.  From one shared state,
+    each step's formulas (schedule, Adam with its epsilon and bias correction, batch norm) are
+    checked at float32 round-off for all K steps.
+    The free conv biases (`free_biases`) are compared by `check_free_biases`, not here.
+    """
+    free = free_biases(g)
+    compared = [n for n in sorted(g.trainable) if n not in free]
+    index = {n: m.optimizer._get_variable_index(m.names[n]) for n in g.trainable}
+    slot_pairs = {n: (g.slots[f"{n}/Adam"], g.slots[f"{n}/Adam_1"]) for n in g.trainable}
+    losses_l, losses_m, lr_errors, errors, bn, drift = [], [], [], [], [], []
     for k in range(len(xs)):
+        before, slots = g.sess.run([g.model_variables, slot_pairs])
+        for n, value in before.items():
+            m.names[n].assign(value)
+        for n, (mom, vel) in slots.items():
+            m.optimizer._momentums[index[n]].assign(mom)
+            m.optimizer._velocities[index[n]].assign(vel)
         lr_l = g.sess.run(g.learning_rate)
         lr_m = float(m.optimizer.learning_rate)
-        moving_before_l = g.sess.run(g.moving)
-        moving_before_m = {n: m.names[n].numpy() for n in g.moving}
         (loss_l, stats, _), _ = legacy_run(g, xs[k], ys[k], fetches=(g.total_loss, g.bn_stats, g.train_step))
         element, _ = distribute(m, xs[k], ys[k])
         losses_m.append(float(m.train_step(element)))
         losses_l.append(float(loss_l))
         lr_errors.append(tensor_error(f"lr step {k}", lr_l, lr_m))
-        bn.append((moving_before_l, g.sess.run(g.moving), moving_before_m,
-                   {n: m.names[n].numpy() for n in g.moving}, stats))
-    final = g.sess.run(g.model_variables)
-    errors = [tensor_error(f"loss step {k}", a, b) for k, (a, b) in enumerate(zip(losses_l, losses_m))]
-    # The backbone's conv biases have an exactly-zero gradient in training mode (batch norm
-    # removes any per-channel constant), so Adam turns their round-off gradients into +-lr steps
-    # of arbitrary sign: they are compared by `check_free_biases`, not here.
-    compared = [n for n in sorted(g.trainable) if n not in free_biases(g)]
-    delta_l = {n: final[n] - start[n] for n in compared}
-    delta_m = {n: m.names[n].numpy() - start[n] for n in compared}
-    floors = share_floors(delta_m)
-    errors += [tensor_error(f"{n} - w0", delta_l[n], delta_m[n], floors[n]) for n in compared]
-    slots = g.sess.run(g.slots)
-    slots_m = {}
-    for n in compared:
-        index = m.optimizer._get_variable_index(m.names[n])
-        slots_m[f"{n}/Adam"] = m.optimizer._momentums[index].numpy()
-        slots_m[f"{n}/Adam_1"] = m.optimizer._velocities[index].numpy()
-    floors = share_floors(slots_m)
-    errors += [tensor_error(f"{n} (Adam slot)", slots[n], slots_m[n], floors[n]) for n in slots_m]
-    # TF1 keeps beta^t as running products; Keras computes beta ** iterations.
+        after, slots_after = g.sess.run([g.model_variables, slot_pairs])
+        after_m = {n: v.numpy() for n, v in m.names.items()}
+        bn.append(({n: before[n] for n in g.moving}, {n: after[n] for n in g.moving},
+                   {n: before[n] for n in g.moving}, {n: after_m[n] for n in g.moving}, stats))
+        drift.append({n: (after[n], after_m[n]) for n in free})
+        if k == len(xs) - 1 or k == 0:
+            # Every tensor after the first and the last step: the update w - w_before, and the slots.
+            delta_l = {n: after[n] - before[n] for n in compared}
+            delta_m = {n: after_m[n] - before[n] for n in compared}
+            floors = share_floors(delta_m)
+            errors += [tensor_error(f"step {k}: {n} update", delta_l[n], delta_m[n], floors[n])
+                       for n in compared]
+            slots_m = {}
+            for n in compared:
+                slots_m[f"{n}/Adam"] = (slots_after[n][0], m.optimizer._momentums[index[n]].numpy())
+                slots_m[f"{n}/Adam_1"] = (slots_after[n][1], m.optimizer._velocities[index[n]].numpy())
+            floors = share_floors({n: v[1] for n, v in slots_m.items()})
+            errors += [tensor_error(f"step {k}: {n}", a, b, floors[n]) for n, (a, b) in slots_m.items()]
+    errors = [tensor_error(f"loss step {k}", a, b) for k, (a, b) in enumerate(zip(losses_l, losses_m))] + errors
+    # TF1 keeps beta^t as running products; Keras computes beta ** (iterations + 1).
     b1, b2 = g.sess.run(g.beta_powers)
     t = float(m.optimizer.iterations.numpy())
     errors.append(tensor_error("beta1_power", b1, np.float32(m.optimizer.beta_1) ** np.float32(t + 1)))
     errors.append(tensor_error("beta2_power", b2, np.float32(m.optimizer.beta_2) ** np.float32(t + 1)))
     step_l = g.sess.run(g.global_step)
     ok_step = int(step_l) == int(t) == len(xs)
-    lr_exact = all(e.max_abs == 0 for e in lr_errors)
+    m.free_bias_drift = drift
     return [
-        judge("lr schedule", MODEL, lr_errors, "exact", ok=lr_exact and len(lr_errors) == len(xs),
+        judge("lr schedule", MODEL, lr_errors, "exact", ok=all(e.max_abs == 0 for e in lr_errors),
               note=f"boundaries {cfg_boundaries(g)} crossed inside {len(xs)} steps"),
-        judge(f"{len(xs)} training steps", MODEL, errors, "resnet_steps", ok=None if ok_step else False,
-              note=f"losses, weights (w - w0), Adam m and v, beta powers; global_step {step_l} / iterations {int(t)}",
+        judge(f"{len(xs)} training steps", MODEL, errors, "resnet", ok=None if ok_step else False,
+              note=f"each step from one shared state: losses, updates of {len(compared)} weights and their "
+                   f"Adam m, v (first and last step), beta powers; global_step {int(step_l)} = iterations {int(t)}",
               extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
-        check_bn_moving_stats(bn[:1]),
-        check_free_biases(g, m, final, xs[-1], ys[-1]),
+        check_bn_moving_stats(bn),
+        check_free_biases(g, m, drift[-1], xs[-1], ys[-1]),
     ]
 
 
@@ -342,28 +362,28 @@ def free_biases(g):
     return {n for n in g.trainable if n.startswith("resnet_v2_50/") and n.endswith("/biases")}
 
 
-def check_free_biases(g, m, final_legacy, x, y):
-    """EXPECTED: after K steps the free biases differ, and the training-mode function does not care.
+def check_free_biases(g, m, last_drift, x, y):
+    """EXPECTED: the free conv biases take different steps, and the training-mode function does not care.
 
-    Prediction: loading the legacy values of these biases into the modern model leaves its
-    training-mode loss and every non-bias gradient unchanged (to round-off).
+    Prediction: the modern model's tower losses and logits in training mode are the same with
+    its own values of these biases after the last step and with the legacy ones.
     """
-    names = sorted(free_biases(g))
-    before_losses, before_grads, _ = modern_gradients(m, x, y)
+    names = sorted(last_drift)
+    differ = max(tensor_error(n, *last_drift[n]).rel_l2 for n in names)
     saved = {n: m.names[n].numpy() for n in names}
-    differ = max(tensor_error(n, final_legacy[n], saved[n]).rel_l2 for n in names)
-    for n in names:
-        m.names[n].assign(final_legacy[n])
-    after_losses, after_grads, _ = modern_gradients(m, x, y)
+    results = []
+    for values in ({n: last_drift[n][1] for n in names}, {n: last_drift[n][0] for n in names}):
+        for n in names:
+            m.names[n].assign(values[n])
+        losses, _, _ = modern_gradients(m, x, y)
+        results.append(losses)
     for n in names:
         m.names[n].assign(saved[n])
-    kept = {n: v for n, v in before_grads.items() if n not in names}
-    floors = share_floors(kept)
-    errors = [tensor_error(f"tower_{i}/loss", a, b) for i, (a, b) in enumerate(zip(after_losses, before_losses))]
-    errors += [tensor_error(n, after_grads[n], kept[n], floors[n]) for n in kept]
+    errors = [tensor_error(f"tower_{i}/loss", a, b) for i, (a, b) in enumerate(zip(*results))]
     return judge("free conv biases (zero gradient)", MODEL, errors, "resnet", expected=True,
-                 note=f"{len(names)} backbone conv biases moved differently (worst rel. L2 {differ:.2g}) from "
-                      f"round-off gradients; swapping the legacy values in leaves loss and gradients unchanged")
+                 ok=differ > 0 and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors),
+                 note=f"{len(names)} backbone conv biases: their last Adam step differed (worst rel. L2 "
+                      f"{differ:.2g}); predicted: the training loss does not depend on them, and it does not")
 
 
 def cfg_boundaries(g):
@@ -543,7 +563,7 @@ def run(cfg, tmp_dir, log=print):
                                               boundaries=cfg.boundaries, values=cfg.values)
                 saver = tf1.train.Saver(var_list=slim.get_model_variables())
                 init = tf1.global_variables_initializer()
-                gw.sess = common.legacy_session(graph, cfg.towers)
+                gw.sess = common.legacy_session(graph, cfg.towers, legacy_cifar.session_config(cfg.towers))
                 gw.sess.run(init)
                 saver.restore(gw.sess, g.start_path)
             weighted["g"] = gw

@@ -21,9 +21,9 @@ def setup_devices(num_towers):
     return devices
 
 
-def legacy_session(graph, num_towers):
-    """A TF1 session with the legacy programs' config (soft placement, N virtual CPUs)."""
-    return tf.compat.v1.Session(graph=graph, config=towers.session_config(num_towers))
+def legacy_session(graph, num_towers, config=None):
+    """A TF1 session with the legacy programs' config (default: soft placement, N virtual CPUs)."""
+    return tf.compat.v1.Session(graph=graph, config=config or towers.session_config(num_towers))
 
 
 def make_strategy(num_towers):

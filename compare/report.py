@@ -29,8 +29,6 @@ TOLERANCES = {
     "mlp_steps": (1024 * EPS32, "K SGD steps of the MLP: the per-step error above, compounded over K <= 16 steps"),
     "resnet": (2048 * EPS32, "ResNet-v2-50 forward/backward, 50+ layers each adding ~sqrt(fan_in <= 4608)*EPS32 "
                               "~ 68 EPS32, partly damped by batch norm: 2048 EPS32 ~ 2.4e-4"),
-    "resnet_steps": (8192 * EPS32, "K Adam steps of ResNet-v2-50: Adam divides by sqrt(v), so a weight update "
-                                   "carries the gradient's relative error; compounded over K <= 16 steps"),
 }
 
 
