@@ -513,7 +513,7 @@ def train(args):
           f"{end_time - start_time:.1f} s wall ({trained_rows / max(train_time, 1e-9):.1f} examples/sec in "
           f"training steps); "
           + (f"best Valid_Acc {float(best_acc.numpy()):.4f} at step {best_step}, saved as {best_path}; "
-             if best_path else f"best Valid_Acc so far {float(best_acc.numpy()):.4f} (not improved this run); ")
+             if best_path else f"no better Valid_Acc this run (best so far {float(best_acc.numpy()):.4f}); ")
           + f"final model {final}; rows dropped: 0 of {trained_rows}; event files in {args.log_dir}")
 
 

@@ -39,6 +39,7 @@ from datetime import datetime
 
 if __package__ in (None, ""):  # `python modern/mnist.py`: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
