@@ -3,7 +3,7 @@
 The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_a2968b8fe060e3c0.txt`
 ("tensorflow multi-GPU training gives loss nan").  Run it (from the repository root)::
 
-    python modern/cifar_resnet.py                                  # embedded synthetic data, ~3 min on 2 CPUs
+    python modern/cifar_resnet.py                                  # embedded synthetic data, ~4-5 min on 2 CPUs
     python modern/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python modern/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
     python modern/cifar_resnet.py --num_replicas 4 --deterministic
@@ -28,13 +28,18 @@ synthetic CIFAR-shaped set (`records.cifar10`) and batch_size 32, valid_batch_si
 unless set on the command line (the numbers of `legacy/cifar_resnet.py`'s EMBEDDED_PROFILE).
 
 Where it differs from the legacy program, on purpose:
-  * no rows are ever lost: the short last batch (and one not divisible by the replica count, or
-    smaller than it) is split over the replicas whole and every row weighs 1/rows (the legacy fix
-    `current_batch_size = rows // towers` drops the remainder);
+  * no rows are ever lost: the short last batch (and one not divisible by the replica count) is
+    split over the replicas whole and every row weighs 1/rows (the legacy fix `current_batch_size =
+    rows // towers` drops the remainder); a batch with fewer rows than replicas is copied to every
+    replica at weight 1/N (`spread_short_batch`), never leaving one empty;
   * the logged loss and accuracy are the whole global batch's (the legacy logs the LAST tower's
     loss and tower 0's accuracy), and validation averages over rows, not over batches;
   * training images go through `preprocess_for_test` as in the original (quirk kept), unless
-    --augment asks for `preprocess_for_train`.
+    --augment asks for `preprocess_for_train`;
+  * batch norm moves its moving statistics once per step (by the replicas' mean), where the legacy
+    towers move the shared variables once per tower: with decay 0.997 the modern statistics warm
+    up about N times slower, which shows in the early validation accuracy.
+Additions: --deterministic, --seed, and --units_per_block (a smaller ResNet, for quick tests only).
 """
 import argparse
 import os
@@ -74,7 +79,7 @@ logs_dir = "./logs/modern"                 # the legacy program writes ./logs/te
 checkpoint_exclude_scopes = "Logits"
 
 # The embedded default profile, duplicated from legacy/cifar_resnet.py (EMBEDDED_DATA_DIR,
-# EMBEDDED_PROFILE) so that both programs make the same ~3-minute default run; keep them in step.
+# EMBEDDED_PROFILE) so that both programs make the same few-minute default run; keep them in step.
 EMBEDDED_DATA_DIR = "./data/cifar10_synthetic"
 EMBEDDED_PROFILE = {"batch_size": 32, "valid_batch_size": 50, "epochs": 12}
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
@@ -215,11 +220,11 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
 def _replica_forward(model, x, y_onehot, global_batch_size, training, weights=None):
     logits = model(x, training=training)
     per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
-    # Legacy: each tower takes the MEAN over its b rows, then average_gradients takes the mean over
-    # N towers: weight 1/(N*b) per row.  Here each replica SUMS its rows and divides by the global
-    # batch B, and the replicas' gradients are SUMMED: weight 1/B per row.  On an even batch
-    # (B = N*b) the two agree exactly; on an uneven one (7 rows: 4 + 3) the legacy weighting
-    # favours the rows of the smaller tower (1/6 against 1/8) while here every row weighs 1/7.
+    # Legacy: each tower takes the MEAN over its b rows, then average_gradients the mean over N
+    # towers: weight 1/(N*b) per row.  Here each replica SUMS its rows / global batch B, and the
+    # replicas' gradients are SUMMED: weight 1/B per row, the same when B = N*b.  On an uneven batch
+    # (7 rows: 4 + 3) averaging tower means would weigh rows 1/8 and 1/6 (and the legacy fix drops
+    # the 7th row instead); here every row weighs exactly 1/7.
     loss = tf.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=global_batch_size)
     # No `model.losses`: the conv kernels carry slim's weight-decay regularisers, but the legacy
     # program never adds tf.GraphKeys.REGULARIZATION_LOSSES to its loss, so neither do we.
