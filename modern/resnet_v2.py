@@ -114,8 +114,11 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
         # parameters, by permuting rows inside a replica).  With the fused kernel the legacy and
         # modern gradients agree bit for bit.  It returns the Bessel-corrected batch variance,
         # n / (n - 1) times the one it normalises with, which is what slim's update uses.
-        outputs, batch_mean, batch_var = tf.compat.v1.nn.fused_batch_norm(
-            inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True)
+        if inputs.dtype == tf.float64:  # no fused kernel for float64 (reference runs): same formulas
+            outputs, batch_mean, batch_var = self._moments_batch_norm(inputs)
+        else:
+            outputs, batch_mean, batch_var = tf.compat.v1.nn.fused_batch_norm(
+                inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True)
         # An empty batch has NaN moments: propose the current value instead (no change).
         has_rows = tf.shape(inputs)[0] > 0
         batch_mean = tf.where(has_rows, batch_mean, self.moving_mean)
@@ -125,6 +128,14 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
         self.moving_variance.assign(
             self.moving_variance - (self.moving_variance - batch_var) * (1.0 - decay))
         return outputs
+
+    def _moments_batch_norm(self, inputs):
+        """(normalised outputs, batch mean, Bessel-corrected batch variance), by ops.moments."""
+        mean, variance = ops.moments(inputs, axes=self._reduction_axes)
+        n = ops.cast(ops.size(inputs) // ops.shape(inputs)[-1], variance.dtype)
+        outputs = ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=self.beta,
+                                          scale=self.gamma, epsilon=self.epsilon)
+        return outputs, mean, variance * n / ops.maximum(n - 1.0, 1.0)
 
 
 def fixed_padding(inputs, kernel_size):

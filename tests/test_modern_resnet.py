@@ -157,7 +157,9 @@ def test_training_mode_matches_tf1_as_closely_as_float32_allows(reference, model
                                    relative_error(expected, exact), relative_error(actual, exact))
     print(f"training mode: TF1 vs Keras {gap:.2e}; vs float64: TF1 {tf1_error:.2e}, "
           f"Keras {keras_error:.2e}")
-    assert gap < 2 * max(tf1_error, keras_error) and gap < 1e-2
+    # Both run the fused batch-norm kernel (SlimBatchNorm), so float32 gives the same numbers on
+    # both sides; each is ~1e-3 from the float64 answer (4-row batch statistics at block4's 1x1 maps).
+    assert gap < 1e-6 and tf1_error < 1e-2
 
 
 def test_moving_statistics_update_like_slim_after_one_training_step(reference, model, images):
