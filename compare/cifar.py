@@ -152,31 +152,37 @@ class ImposedDropout:
         self.keep_prob.assign(keep_prob)
 
 
-def build_modern(cfg, strategy, start_path, bn_epsilon=1e-5, model_fn=None):
-    """Model, optimizer, train step and a gradient function, all mirrored, from the start weights."""
+def build_modern(cfg, strategy, start_path, model=None):
+    """Model (cfg.model_fn, or the one given), optimizer (cfg.make_optimizer), train step and a
+    gradient function, all mirrored; the model starts from the TF1 checkpoint `start_path`."""
     with strategy.scope():
-        model = (model_fn or resnet_v2.resnet_v2_50)(num_classes=NUM_CLASSES, keep_prob=1.0,
-                                                     bn_epsilon=bn_epsilon)
+        if model is None:
+            model = (cfg.model_fn or resnet_v2.resnet_v2_50)(num_classes=NUM_CLASSES, keep_prob=1.0)
+            model.dropout = ImposedDropout(cfg.towers, cfg.towers * cfg.rows_per_tower)
         names = checkpoints.tf1_variable_map(model)
         checkpoints.load_tf1_checkpoint(model, start_path)
         optimizer = cfg.make_optimizer(cfg.boundaries, cfg.values)
         optimizer.build(model.trainable_variables)
-    model.dropout = ImposedDropout(cfg.towers, cfg.towers * cfg.rows_per_tower)
     m = SimpleNamespace(model=model, optimizer=optimizer, names=names, strategy=strategy,
                         name_of={id(v): n for n, v in names.items()})
     m.train_step = modern_cifar.make_train_step(model, optimizer, strategy)
+    m.gradients = make_gradient_fn(model, strategy)
+    return m
 
+
+def make_gradient_fn(model, strategy):
+    """tf.function(distributed element) -> (per-replica losses, replica-summed gradients), through
+    the trainer's own `modern.cifar_resnet.replica_gradients`, without applying them."""
     def replica(x, y, weights):
         rows = modern_cifar._global_rows(tf.shape(x)[0], weights)
-        return modern_cifar.replica_gradients(model, x, y, rows, weights)  # the trainer's own
+        return modern_cifar.replica_gradients(model, x, y, rows, weights)
 
     @tf.function(reduce_retracing=True)
     def gradients(element):
         losses, grads = strategy.run(replica, args=element)
         return losses, [strategy.reduce(tf.distribute.ReduceOp.SUM, gr, axis=None) for gr in grads]
 
-    m.gradients = gradients
-    return m
+    return gradients
 
 
 def distribute(m, x, y):
@@ -326,7 +332,11 @@ def check_training_steps(g, m, xs, ys):
             # Every tensor after the first and the last step: the update w - w_before, and the slots.
             delta_l = {n: after[n] - before[n] for n in compared}
             delta_m = {n: after_m[n] - before[n] for n in compared}
-            floors = share_floors(delta_m)
+            # The new weight is stored rounded to float32, so equal updates can still land one ulp
+            # of w apart: one ulp per element is allowed as exactly the tolerance (a late-schedule
+            # update of 1e-5 on a gamma near 1.0 is only ~80 ulps).
+            ulp = {n: np.linalg.norm(np.spacing(np.abs(before[n]))) / TOLERANCES["resnet"][0] for n in compared}
+            floors = {n: max(f, ulp[n]) for n, f in share_floors(delta_m).items()}
             errors += [tensor_error(f"step {k}: {n} update", delta_l[n], delta_m[n], floors[n])
                        for n in compared]
             slots_m = {}
@@ -508,7 +518,8 @@ def check_splits(g, m, x, y, cfg):
 
 def check_checkpoint_round_trip(g, m, tmp_dir):
     """The legacy Saver's checkpoint -> modern model -> TF1 checkpoint: every tensor bit-exact."""
-    back = checkpoints.save_tf1_checkpoint(m.fresh_model(), os.path.join(tmp_dir, "cifar_back.ckpt"))
+    checkpoints.load_tf1_checkpoint(m.model, g.start_path)
+    back = checkpoints.save_tf1_checkpoint(m.model, os.path.join(tmp_dir, "cifar_back.ckpt"))
     src, dst = tf.train.load_checkpoint(g.start_path), tf.train.load_checkpoint(back)
     names = sorted(src.get_variable_to_shape_map())
     same = sorted(dst.get_variable_to_shape_map()) == names
@@ -525,37 +536,30 @@ def default_config(towers_n=2, steps=10, seed=0, quick=False, checkpoint=None):
         towers=towers_n, steps=steps, seed=seed, checkpoint=checkpoint, quick=quick,
         # 8 rows per tower: batch norm at block4's 1x1 maps normalises over the tower's rows only,
         # and with 2 rows the training forward pass amplifies float32 round-off past 1e-1.
+        # (Both sides run the same fused kernel, so they agree even at 2 rows; but the training
+        # loss's own sensitivity to round-off, which check_free_biases measures, needs 8.)
         rows_per_tower=8, keep_prob=0.6,
         # The seed's values, with boundaries moved inside the K steps so both are crossed.
         boundaries=[max(1, steps // 3), max(2, 2 * steps // 3)], values=[0.001, 0.0001, 0.00001],
-        make_optimizer=modern_cifar.make_optimizer, bn_epsilon=1e-5, model_fn=None)
+        make_optimizer=modern_cifar.make_optimizer, model_fn=None)
     from compare.report import TOLERANCES
     cfg.tol = lambda kind: TOLERANCES[kind][0]
     return cfg
 
 
-def run(cfg, tmp_dir, log=print):
-    """All CIFAR checks; returns a list of Results."""
+def setup(cfg, tmp_dir, log=print):
+    """The legacy graph and the modern model, from the same start; the batches of the checks."""
     strategy = common.make_strategy(cfg.towers)
-    rows = cfg.towers * cfg.rows_per_tower
-    xs, ys = make_batches(cfg.steps + 1, rows, cfg.seed)
-
+    xs, ys = make_batches(cfg.steps + 1, cfg.towers * cfg.rows_per_tower, cfg.seed)
     log(f"cifar: building the legacy graph ({cfg.towers} towers) and the modern model ({cfg.towers} replicas)")
     g = build_legacy(cfg, tmp_dir)
     g.boundaries = cfg.boundaries
     log("cifar: legacy graph built; building the modern model")
-    m = build_modern(cfg, strategy, g.start_path, bn_epsilon=cfg.bn_epsilon, model_fn=cfg.model_fn)
-
-    def fresh_model():
-        with strategy.scope():
-            model = (cfg.model_fn or resnet_v2.resnet_v2_50)(num_classes=NUM_CLASSES, keep_prob=1.0)
-        checkpoints.load_tf1_checkpoint(model, g.start_path)
-        return model
-    m.fresh_model = fresh_model
-
+    m = build_modern(cfg, strategy, g.start_path)
     weighted = {}
 
     def weighted_graph():
+        """The legacy graph built with --split=weighted, same start (built on first use)."""
         if "g" not in weighted:
             graph = tf1.Graph()
             with graph.as_default():
@@ -568,8 +572,21 @@ def run(cfg, tmp_dir, log=print):
                 saver.restore(gw.sess, g.start_path)
             weighted["g"] = gw
         return weighted["g"]
-    cfg.weighted_graph = weighted_graph
 
+    cfg.weighted_graph = weighted_graph
+    return SimpleNamespace(g=g, m=m, strategy=strategy, xs=xs, ys=ys, weighted=weighted)
+
+
+def close(h):
+    h.g.sess.close()
+    if h.weighted:
+        h.weighted["g"].sess.close()
+
+
+def run(cfg, tmp_dir, log=print):
+    """All CIFAR checks; returns a list of Results."""
+    h = setup(cfg, tmp_dir, log)
+    g, m, xs, ys = h.g, h.m, h.xs, h.ys
     results = [check_variables(g, m)]
     log("cifar: forward passes and gradients")
     results.append(check_inference(g, m, xs[-1], ys[-1]))
@@ -579,7 +596,5 @@ def run(cfg, tmp_dir, log=print):
     results += check_splits(g, m, xs[-1], ys[-1], cfg)
     log(f"cifar: {cfg.steps} training steps on both sides")
     results += check_training_steps(g, m, xs[:cfg.steps], ys[:cfg.steps])
-    g.sess.close()
-    if weighted:
-        weighted["g"].sess.close()
+    close(h)
     return results
