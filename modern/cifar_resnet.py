@@ -56,7 +56,7 @@ import tensorflow as tf  # noqa: E402
 from modern import checkpoints as tf1_checkpoints  # noqa: E402
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
 from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
-                            write_scalar)
+                            run_reporting_usage_errors, write_scalar)
 from records import cifar10  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -523,13 +523,7 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        train(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_reporting_usage_errors(train, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
-                            write_histogram, write_scalar)
+                            run_reporting_usage_errors, write_histogram, write_scalar)
 from records import mnist as mnist_records  # noqa: E402
 
 INPUT_NODE = mnist_records.IMAGE_PIXELS  # 784
@@ -377,13 +377,7 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        train(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_reporting_usage_errors(train, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ call `configure_devices` first thing.  MirroredStrategy with no argument would o
 the single `/cpu:0`), so the virtual CPUs are named explicitly.
 """
 import os
+import sys
 import tempfile
 
 import keras
@@ -84,6 +85,16 @@ def make_strategy(num_replicas, log=print):
     if log is not None:
         log(placement_message(devices))
     return _STRATEGIES[devices]
+
+
+def run_reporting_usage_errors(train, args):
+    """`train(args)`; a UsageError becomes one line on stderr and exit code 2 (no traceback)."""
+    try:
+        train(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def enable_determinism(seed):
