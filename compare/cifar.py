@@ -62,7 +62,7 @@ def build_legacy(cfg, tmp_dir):
                 g.slots[f"{name}/Adam_1"] = g.optimizer.get_slot(var, "v")
         g.beta_powers = g.optimizer._get_beta_accumulators()
         init = tf1.global_variables_initializer()
-    g.graph = graph
+    g.graph, g.init = graph, init
     g.sess = common.legacy_session(graph, cfg.towers, legacy_cifar.session_config(cfg.towers))
     g.sess.run(init)
     if cfg.checkpoint:
@@ -583,9 +583,22 @@ def close(h):
         h.weighted["g"].sess.close()
 
 
+def reset(h):
+    """Put the legacy session back at the start (weights, Adam slots, global_step)."""
+    h.g.sess.run(h.g.init)
+    with h.g.graph.as_default():
+        h.g.saver.restore(h.g.sess, h.g.start_path)
+
+
 def run(cfg, tmp_dir, log=print):
     """All CIFAR checks; returns a list of Results."""
     h = setup(cfg, tmp_dir, log)
+    results = run_checks(h, cfg, tmp_dir, log)
+    close(h)
+    return results
+
+
+def run_checks(h, cfg, tmp_dir, log=print):
     g, m, xs, ys = h.g, h.m, h.xs, h.ys
     results = [check_variables(g, m)]
     log("cifar: forward passes and gradients")
@@ -596,5 +609,4 @@ def run(cfg, tmp_dir, log=print):
     results += check_splits(g, m, xs[-1], ys[-1], cfg)
     log(f"cifar: {cfg.steps} training steps on both sides")
     results += check_training_steps(g, m, xs[:cfg.steps], ys[:cfg.steps])
-    close(h)
     return results
