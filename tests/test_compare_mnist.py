@@ -85,3 +85,23 @@ def test_learning_rate_decay_period_off_by_one_fails_the_lr_check(tmp_path):
 
     results = run_harness(tmp_path, make_optimizer=off_by_one)
     assert "lr schedule" in failed(results)
+
+
+def test_command_line_writes_table_report_and_plot(tmp_path):
+    from conftest import run_program
+    import json
+    report, plot = tmp_path / "parity.json", tmp_path / "parity.png"
+    done = run_program(["compare/run.py", "--model", "mnist", "--steps", "3",
+                        "--report", report, "--plot", plot])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 FAIL" in done.stdout and "Tolerances" in done.stdout
+    data = json.loads(report.read_text())
+    assert {r["status"] for r in data["results"]} == {"PASS"} and len(data["results"]) == 9
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_line_rejects_a_missing_checkpoint(tmp_path):
+    from conftest import run_program
+    done = run_program(["compare/run.py", "--checkpoint", tmp_path / "nothing.ckpt"])
+    assert done.returncode == 2
+    assert "no TF1 checkpoint there" in done.stderr
