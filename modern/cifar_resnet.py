@@ -3,7 +3,7 @@
 The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_a2968b8fe060e3c0.txt`
 ("tensorflow multi-GPU training gives loss nan").  Run it (from the repository root)::
 
-    python modern/cifar_resnet.py                                  # embedded synthetic data, ~4-5 min on 2 CPUs
+    python modern/cifar_resnet.py                                  # embedded synthetic data, a few minutes on 2 CPUs
     python modern/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python modern/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
     python modern/cifar_resnet.py --num_replicas 4 --deterministic
@@ -24,8 +24,8 @@ The same training as the legacy graph, written the TF2 way:
 
 Defaults are the original's constants, each a flag with the legacy program's name (`--num_replicas`
 for `--num_towers`), including the legacy *embedded default profile*: with no data given, a small
-synthetic CIFAR-shaped set (`records.cifar10`) and batch_size 32, valid_batch_size 50, 12 epochs,
-unless set on the command line (the numbers of `legacy/cifar_resnet.py`'s EMBEDDED_PROFILE).
+synthetic CIFAR-shaped set (`records.cifar10`) and batch_size 16, valid_batch_size 50, 8 epochs,
+unless set on the command line (`records.cifar10.EMBEDDED_PROFILE`, which the legacy program uses too).
 
 Where it differs from the legacy program, on purpose:
   * no rows are ever lost: the short last batch (and one not divisible by the replica count) is
@@ -78,10 +78,10 @@ models_dir = "./models/modern"             # the legacy program writes ./models/
 logs_dir = "./logs/modern"                 # the legacy program writes ./logs/temporary
 checkpoint_exclude_scopes = "Logits"
 
-# The embedded default profile, duplicated from legacy/cifar_resnet.py (EMBEDDED_DATA_DIR,
-# EMBEDDED_PROFILE) so that both programs make the same few-minute default run; keep them in step.
-EMBEDDED_DATA_DIR = "./data/cifar10_synthetic"
-EMBEDDED_PROFILE = {"batch_size": 32, "valid_batch_size": 50, "epochs": 12}
+# The embedded default profile, shared with legacy/cifar_resnet.py through the data code, so that
+# both programs make the same few-minute default run (batch_size 16, valid_batch_size 50, 8 epochs).
+EMBEDDED_DATA_DIR = cifar10.DEFAULT_DATA_DIR
+EMBEDDED_PROFILE = cifar10.EMBEDDED_PROFILE
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
 
 
