@@ -353,10 +353,9 @@ def check_training_steps(g, m, xs, ys):
     errors.append(tensor_error("beta2_power", b2, np.float32(m.optimizer.beta_2) ** np.float32(t + 1)))
     step_l = g.sess.run(g.global_step)
     ok_step = int(step_l) == int(t) == len(xs)
-    m.free_bias_drift = drift
     return [
         judge("lr schedule", MODEL, lr_errors, "exact", ok=all(e.max_abs == 0 for e in lr_errors),
-              note=f"boundaries {cfg_boundaries(g)} crossed inside {len(xs)} steps"),
+              note=f"boundaries {g.boundaries} crossed inside {len(xs)} steps"),
         judge(f"{len(xs)} training steps", MODEL, errors, "resnet", ok=None if ok_step else False,
               note=f"each step from one shared state: losses, updates of {len(compared)} weights and their "
                    f"Adam m, v (first and last step), beta powers; global_step {int(step_l)} = iterations {int(t)}",
@@ -394,10 +393,6 @@ def check_free_biases(g, m, last_drift, x, y):
                  ok=differ > 0 and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors),
                  note=f"{len(names)} backbone conv biases: their last Adam step differed (worst rel. L2 "
                       f"{differ:.2g}); predicted: the training loss does not depend on them, and it does not")
-
-
-def cfg_boundaries(g):
-    return getattr(g, "boundaries", None) or "as configured"
 
 
 def predictions_legacy(before, stats):
@@ -475,7 +470,7 @@ def check_splits(g, m, x, y, cfg):
     differs = max(tensor_error(k, grads_l[k], grads_all[k]).rel_l2 for k in grads_l) > 1e-3
     results.append(judge("split: remainder dropped", MODEL, errors, "resnet", expected=True,
                          ok=(dropped == odd - kept and differs
-                             and all(e.rel_l2 <= cfg.tol("resnet") for e in errors)),
+                             and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors)),
                          note=f"{odd} rows: legacy drops {dropped} (predicted {odd - kept}); legacy = modern on "
                               f"the {kept} rows it keeps {rows_kept}; modern uses all {odd} rows {rows_all}"))
 
@@ -495,7 +490,7 @@ def check_splits(g, m, x, y, cfg):
     errors = grad_errors(grads_wf, grads_m)
     results.append(judge("split: fewer rows than towers", MODEL, errors, "resnet", expected=True,
                          ok=(n > 1 and (bool(failure) or np.isnan(total_l)) and dropped == few and finite_m
-                             and all(e.rel_l2 <= cfg.tol("resnet") for e in errors)),
+                             and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors)),
                          note=f"{few} row(s) on {n} towers: legacy fix {failure or f'loss {total_l}'} "
                               f"(predicted: {dropped} rows dropped, empty towers); modern finite, rows {rows}, "
                               f"= legacy --split=weighted"))
@@ -542,8 +537,6 @@ def default_config(towers_n=2, steps=10, seed=0, quick=False, checkpoint=None):
         # The seed's values, with boundaries moved inside the K steps so both are crossed.
         boundaries=[max(1, steps // 3), max(2, 2 * steps // 3)], values=[0.001, 0.0001, 0.00001],
         make_optimizer=modern_cifar.make_optimizer, model_fn=None)
-    from compare.report import TOLERANCES
-    cfg.tol = lambda kind: TOLERANCES[kind][0]
     return cfg
 
 
