@@ -54,7 +54,13 @@ def parse_args(argv=None):
         args.steps = 4 if args.quick else 10
     if args.steps < 3:
         p.error("--steps must be at least 3 (two learning-rate boundaries are placed inside them)")
-    if args.checkpoint and not (os.path.exists(args.checkpoint + ".index") or os.path.isdir(args.checkpoint)):
+    if args.checkpoint and os.path.isdir(args.checkpoint):  # a folder: its latest checkpoint
+        import tensorflow as tf
+        latest = tf.train.latest_checkpoint(args.checkpoint)
+        if latest is None:
+            p.error(f"--checkpoint {args.checkpoint}: a folder without a TF1 'checkpoint' file")
+        args.checkpoint = latest
+    if args.checkpoint and not os.path.exists(args.checkpoint + ".index"):
         p.error(f"--checkpoint {args.checkpoint}: no TF1 checkpoint there (expected {args.checkpoint}.index)")
     return args
 
@@ -77,11 +83,7 @@ def main(argv=None):
             results += mnist.run(args.towers, args.steps, args.seed, tmp_dir, log=log)
         if args.model in ("cifar", "all"):
             from compare import cifar
-            checkpoint = args.checkpoint
-            if checkpoint and os.path.isdir(checkpoint):
-                import tensorflow as tf
-                checkpoint = tf.train.latest_checkpoint(checkpoint)
-            cfg = cifar.default_config(args.towers, args.steps, args.seed, args.quick, checkpoint)
+            cfg = cifar.default_config(args.towers, args.steps, args.seed, args.quick, args.checkpoint)
             results += cifar.run(cfg, tmp_dir, log=log)
     seconds = time.time() - start
     print()
