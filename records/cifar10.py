@@ -22,10 +22,11 @@ import argparse
 import os
 import pickle
 import sys
-import tempfile
 
 import numpy as np
 import tensorflow as tf
+
+from records import tfrecord
 
 IMAGE_SIZE = 32
 CHANNELS = 3
@@ -37,18 +38,21 @@ TRAIN_FILE = "train.tfrecords"
 TEST_FILE = "test.tfrecords"
 
 # The embedded default data set (see `make_synthetic`) and the run sized for it, used by both
-# trainers when no data is given.  1001 = 62 * 16 + 9: with batch 16 every epoch ends on a short
-# batch of 9 rows, which the legacy split for 2 towers (9 // 2 = 4 rows each) cuts to 8, dropping one.
+# trainers when no data is given.  997 = 62 * 16 + 5: with batch 16 every epoch ends on a short
+# batch of 5 rows, which shows both stories of the seed on 2 towers, as its own 50000 rows and batch
+# 256 do (a last batch of 80: towers [40, 40] with the fix, [80, 0] under the bug):
+#   the fix, current_batch_size = 5 // 2 = 2: towers [2, 2], one row dropped (an odd remainder);
+#   --split=static, a constant 16 // 2 = 8: towers [5, 0], tower 1 EMPTY (a remainder below 8).
 # 8 epochs = 504 steps: about 2-3 minutes on 2 CPU cores for the two-tower ResNet-v2-50, and enough
-# batch-norm moving-average updates (decay 0.997) for validation to reach ~0.8 by step 500.
-SYNTHETIC_TRAIN = 1001
+# batch-norm moving-average updates (decay 0.997) for validation to climb well above chance.
+SYNTHETIC_TRAIN = 997
 SYNTHETIC_VALID = 250
 SYNTHETIC_SEED = 0
-DEFAULT_DATA_DIR = "./data/cifar10_synthetic"
+DEFAULT_DATA_DIR = tfrecord.data_dir("cifar10_synthetic")
 EMBEDDED_PROFILE = {"batch_size": 16, "valid_batch_size": 50, "epochs": 8}
 
 
-class CifarDataError(Exception):
+class CifarDataError(tfrecord.DataError):
     """A data file is missing, corrupt or not in the expected format (the message names it)."""
 
 
@@ -82,29 +86,15 @@ def _example(image, label):
 
 
 def write_tfrecords(path, images, labels):
-    """Write uint8 images [N, 32, 32, 3] (HWC) and integer labels [N] to `path`.
-
-    Written to a temporary name in the same folder and renamed at the end, so an interrupted
-    write never leaves a truncated file that looks valid.
-    """
+    """Write uint8 images [N, 32, 32, 3] (HWC) and integer labels [N] to `path` (atomically:
+    `records.tfrecord.write_records`).  Returns `path`."""
     images = np.asarray(images)
     labels = np.asarray(labels)
     if images.dtype != np.uint8 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, CHANNELS):
         raise CifarDataError(f"{path}: images must be uint8 [N, 32, 32, 3], got {images.dtype} {images.shape}")
     if labels.shape != (images.shape[0],) or (labels.size and not 0 <= labels.min() <= labels.max() < NUM_CLASSES):
         raise CifarDataError(f"{path}: labels must be {images.shape[0]} integers in 0..9, got shape {labels.shape}")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tfrecords", dir=folder)
-    os.close(fd)
-    try:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for image, label in zip(images, labels):
-                writer.write(_example(image, label))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    tfrecord.write_records(path, map(_example, images, labels), CifarDataError)
     return path
 
 
@@ -113,33 +103,20 @@ def check_tfrecord_files(files):
 
     Catches what would otherwise surface mid-training as a `DataLossError` traceback: a missing
     file, a truncated or corrupt record, or records that are not in this module's format.
-    Returns the number of records per file.  Works eagerly (TF2) and inside a TF1 graph context.
+    Returns the number of records per file.  Pure Python: works in TF2 eager and TF1 graph code.
     """
     counts = []
     for path in files:
-        if not os.path.isfile(path):
-            raise CifarDataError(f"TFRecord file not found: {path}")
-        try:
-            counts.append(_count_records(path))
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-            first_line = str(error).strip().splitlines()[0]
-            raise CifarDataError(f"TFRecord file {path} is corrupt or not in the CIFAR-10 record format "
-                                 f"('image_raw' uint8 32x32x3 bytes, 'label' int64): {first_line}") from None
-        if counts[-1] == 0:
-            raise CifarDataError(f"TFRecord file {path} holds no records")
+        count = 0
+        for example in tfrecord.read_examples(path, CifarDataError):
+            feature = example.features.feature
+            image_raw, label = feature["image_raw"].bytes_list.value, feature["label"].int64_list.value
+            if len(image_raw) != 1 or len(image_raw[0]) != IMAGE_BYTES or len(label) != 1:
+                raise CifarDataError(f"TFRecord file {path}: record {count} is not in the CIFAR-10 record "
+                                     f"format ('image_raw' uint8 32x32x3 bytes, 'label' int64)")
+            count += 1
+        counts.append(count)
     return counts
-
-
-def _count_records(path):
-    def count():
-        labels = tf.data.TFRecordDataset([path]).map(parser_tfrecords).map(lambda image, label: label)
-        return labels.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
-
-    if tf.executing_eagerly():
-        return int(count())
-    # Called from TF1 graph code: count in a graph of its own, leaving the caller's graph untouched.
-    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
-        return int(sess.run(count()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,11 +218,20 @@ def make_synthetic(out_dir, num_train=SYNTHETIC_TRAIN, num_valid=SYNTHETIC_VALID
     return train_path, test_path
 
 
-def ensure_default_data(data_dir):
-    """The embedded default data set in `data_dir`, made on first use: ([train file], [valid file])."""
+def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
+    """The embedded default data set in `data_dir`: ([train file], [valid file]).
+
+    Made on first use, and made again when the files there do not hold SYNTHETIC_TRAIN and
+    SYNTHETIC_VALID records (a set left by an older version, or a damaged one).  Deterministic
+    (fixed seeds), so every clone makes the same bytes.
+    """
     train_path, test_path = os.path.join(data_dir, TRAIN_FILE), os.path.join(data_dir, TEST_FILE)
-    if not (os.path.isfile(train_path) and os.path.isfile(test_path)):
-        make_synthetic(data_dir)
+    try:
+        current = check_tfrecord_files([train_path, test_path]) == [SYNTHETIC_TRAIN, SYNTHETIC_VALID]
+    except CifarDataError:
+        current = False
+    if not current:
+        make_synthetic(data_dir, SYNTHETIC_TRAIN, SYNTHETIC_VALID)
     return [train_path], [test_path]
 
 

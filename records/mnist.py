@@ -11,8 +11,8 @@ This module is shared by `legacy/` and `modern/`.  It holds:
 
 - `parser(record)`: the original's parser, op for op (TF1 graph mode and TF2 eager alike: `tf.io`).
   Note it casts the pixels to float32 *without* scaling them to [0, 1]: the network sees 0..255.
-- `write_tfrecords` / `load_tfrecords`: numpy <-> the TFRecord file (written to a temporary file
-  and renamed, so a half-written file never sits under the real name).
+- `write_tfrecords` / `load_tfrecords`: numpy <-> the TFRecord file, through `records.tfrecord`'s
+  atomic writer and checked reader (shared with `records.cifar10`).
 - `read_idx_images` / `read_idx_labels` / `convert_idx`: the standard MNIST IDX files
   (`train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]`) to the TFRecord.  Command line:
 
@@ -26,13 +26,14 @@ import argparse
 import gzip
 import os
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
+
+from records import tfrecord
 
 IMAGE_ROWS = IMAGE_COLS = 28
 IMAGE_PIXELS = IMAGE_ROWS * IMAGE_COLS  # 784
@@ -41,12 +42,12 @@ NUM_CLASSES = 10
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "mnist"
+DEFAULT_DATA_DIR = tfrecord.data_dir("mnist")
 DEFAULT_TRAIN_EXAMPLES = 24000  # 240 batches of 100 per epoch: repeat(10) outlasts 1000 steps + summaries
 DEFAULT_EVAL_EXAMPLES = 2000
 
 
-class MnistDataError(ValueError):
+class MnistDataError(tfrecord.DataError):
     """A data file is missing, malformed or inconsistent; the message names the file and the problem."""
 
 
@@ -69,18 +70,6 @@ def parser(record):
     return retyped_image, label
 
 
-def _atomic_output(path):
-    """A temporary file next to `path`, renamed onto it by the caller only when complete."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise MnistDataError(f"cannot write {path}: {e.strerror or e}") from None
-    os.close(fd)
-    return tmp
-
-
 def write_tfrecords(path, images, labels):
     """Write `images` (N x 784 or N x 28 x 28, values 0..255) and `labels` (N, 0..9) in the original's format.
 
@@ -97,31 +86,15 @@ def write_tfrecords(path, images, labels):
     if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise MnistDataError(f"{path}: labels must lie in 0..9")
     images = images.reshape(len(images), IMAGE_PIXELS).astype(np.uint8)
-
-    tmp = _atomic_output(path)
-    try:
-        with tf.io.TFRecordWriter(tmp) as writer:
-            for image, label in zip(images, labels):
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
-                    'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
-                    'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-                }))
-                writer.write(example.SerializeToString())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return len(images)
+    return tfrecord.write_records(path, map(_example, images, labels), MnistDataError)
 
 
-def _record_iterator(path):
-    """The raw records of a TFRecord file, CRCs checked, with no graph or eager context needed."""
-    # tf.compat.v1.io.tf_record_iterator is deprecated but is the one reader that works the same
-    # in TF1 graph mode and TF2 eager; silence its one-off deprecation notice.
-    from tensorflow.python.util import deprecation
-    with deprecation.silence():
-        yield from tf.compat.v1.io.tf_record_iterator(path)
+def _example(image, label):
+    return tf.train.Example(features=tf.train.Features(feature={
+        'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+        'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
+        'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+    })).SerializeToString()
 
 
 def load_tfrecords(path):
@@ -130,31 +103,19 @@ def load_tfrecords(path):
     Pure Python (no graph, no eager tensors), so it works in either TF mode.  Checks every record:
     a truncated or corrupt file, or records not in the original's format, raise MnistDataError.
     """
-    path = str(path)
     if not os.path.isfile(path):
-        raise MnistDataError(f"data file {path} does not exist (see `python -m records.mnist --help` "
-                             "to convert the MNIST IDX files, or omit --data_path for the embedded set)")
+        raise MnistDataError(f"TFRecord file not found: {path} (convert the MNIST IDX files with "
+                             "`python -m records.mnist`, or omit --data_path for the embedded set)")
     images, labels = [], []
-    try:
-        for i, raw in enumerate(_record_iterator(path)):
-            example = tf.train.Example.FromString(raw)
-            feature = example.features.feature
-            image_raw = feature['image_raw'].bytes_list.value
-            label = feature['label'].int64_list.value
-            if len(image_raw) != 1 or len(image_raw[0]) != IMAGE_PIXELS or len(label) != 1:
-                raise MnistDataError(f"{path}: record {i} is not an MNIST example in the original's format "
-                                     "('image_raw' of 784 bytes, 'pixels', 'label')")
-            images.append(np.frombuffer(image_raw[0], np.uint8))
-            labels.append(label[0])
-    except (tf.errors.DataLossError, tf.errors.OpError) as e:
-        raise MnistDataError(f"{path} is not a readable TFRecord file (truncated or corrupt?): "
-                             f"{e.message}") from None
-    except Exception as e:  # protobuf's DecodeError and friends
-        if isinstance(e, MnistDataError):
-            raise
-        raise MnistDataError(f"{path}: a record is not a tf.train.Example ({type(e).__name__}: {e})") from None
-    if not images:
-        raise MnistDataError(f"{path} holds no examples")
+    for i, example in enumerate(tfrecord.read_examples(path, MnistDataError)):
+        feature = example.features.feature
+        image_raw = feature['image_raw'].bytes_list.value
+        label = feature['label'].int64_list.value
+        if len(image_raw) != 1 or len(image_raw[0]) != IMAGE_PIXELS or len(label) != 1:
+            raise MnistDataError(f"TFRecord file {path}: record {i} is not an MNIST example in the original's "
+                                 "format ('image_raw' of 784 bytes, 'pixels', 'label')")
+        images.append(np.frombuffer(image_raw[0], np.uint8))
+        labels.append(label[0])
     return np.stack(images), np.asarray(labels, np.int64)
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from records import cifar10
+from legacy import towers
+from records import cifar10, mnist, tfrecord
 
 
 def _write_cifar_batch(path, images_hwc, labels):
@@ -109,6 +110,17 @@ def test_check_tfrecord_files_names_missing_and_corrupt_files(tmp_path):
     assert cifar10.check_tfrecord_files([good]) == [4]
 
 
+def test_check_tfrecord_files_rejects_records_of_another_format(tmp_path):
+    other = tmp_path / "mnist.tfrecords"
+    mnist.write_tfrecords(other, np.zeros((2, 784), np.uint8), np.arange(2))
+    with pytest.raises(cifar10.CifarDataError, match="record 0 is not in the CIFAR-10 record format"):
+        cifar10.check_tfrecord_files([str(other)])
+    empty = tmp_path / "empty.tfrecords"
+    tfrecord.write_records(empty, [])
+    with pytest.raises(cifar10.CifarDataError, match="holds no records"):
+        cifar10.check_tfrecord_files([str(empty)])
+
+
 def test_check_tfrecord_files_works_inside_a_tf1_graph(tmp_path):
     good = cifar10.write_tfrecords(str(tmp_path / "good.tfrecords"),
                                    np.zeros((3, 32, 32, 3), np.uint8), np.arange(3))
@@ -138,8 +150,7 @@ def test_preprocess_for_train_is_a_flipped_crop_of_the_padded_image():
 
 def test_synthetic_set_is_sized_with_a_short_last_batch_and_learnable(tmp_path):
     train_path, test_path = cifar10.make_synthetic(str(tmp_path))
-    assert cifar10.check_tfrecord_files([train_path, test_path]) == [1001, 250]
-    assert 1001 % cifar10.EMBEDDED_PROFILE["batch_size"] == 9  # the embedded run's short, odd last batch
+    assert cifar10.check_tfrecord_files([train_path, test_path]) == [997, 250]
     train_x, train_y = _read_records(train_path)
     test_x, test_y = _read_records(test_path)
     assert sorted(set(train_y.tolist())) == list(range(10))
@@ -151,6 +162,35 @@ def test_synthetic_set_is_sized_with_a_short_last_batch_and_learnable(tmp_path):
     # ... but not trivially: one pixel is mostly noise.
     assert 0.3 < accuracy < 1.0
     assert train_x[:, 0, 0].std() > 30
+
+
+def test_embedded_profile_ends_each_epoch_on_a_batch_that_shows_both_split_stories():
+    """997 rows in batches of 16 end on 5: the fix drops one row, the static split empties tower 1.
+
+    The original's own numbers (50000 rows, batch 256) end on 80 rows: the fix loses nothing
+    there, and the static split gives towers [80, 0].
+    """
+    batch = cifar10.EMBEDDED_PROFILE["batch_size"]
+    last = cifar10.SYNTHETIC_TRAIN % batch
+    assert last == 5 and -(-cifar10.SYNTHETIC_TRAIN // batch) * cifar10.EMBEDDED_PROFILE["epochs"] == 504
+    fix = towers.split_rows(last, 2, "fix")
+    assert (fix.sizes, fix.dropped, fix.empty) == ([2, 2], 1, [])
+    static = towers.split_rows(last, 2, "static", static_batch_size=batch // 2)
+    assert (static.sizes, static.dropped, static.empty) == ([5, 0], 0, [1])
+    original = towers.split_rows(50000 % 256, 2, "static", static_batch_size=256 // 2)
+    assert (original.sizes, original.empty) == ([80, 0], [1])
+
+
+def test_both_data_sets_live_under_data_relative_to_the_working_directory():
+    assert cifar10.DEFAULT_DATA_DIR == os.path.join("data", "cifar10_synthetic")
+    assert mnist.DEFAULT_DATA_DIR == os.path.join("data", "mnist")
+
+
+def test_ensure_default_data_remakes_a_set_of_another_size(tmp_path):
+    folder = str(tmp_path / "syn")
+    cifar10.make_synthetic(folder, num_train=7, num_valid=3)  # e.g. left by an older version
+    train, valid = cifar10.ensure_default_data(folder)
+    assert cifar10.check_tfrecord_files(train + valid) == [cifar10.SYNTHETIC_TRAIN, cifar10.SYNTHETIC_VALID]
 
 
 def test_ensure_default_data_makes_the_set_once(tmp_path):

@@ -293,6 +293,6 @@ def test_bad_input_is_a_one_paragraph_error_before_any_graph(tmp_path, capsys):
     assert f"the model folder {blocker / 'models'} cannot be written" in capsys.readouterr().err
     (data / "test.tfrecords").write_bytes(b"garbage" * 10)
     assert cifar_resnet.main(["--data_dir", str(data), "--model_dir", str(tmp_path / "m")]) == 2
-    assert f"TFRecord file {data / 'test.tfrecords'} is corrupt" in capsys.readouterr().err
+    assert f"TFRecord file {data / 'test.tfrecords'} is truncated or corrupt" in capsys.readouterr().err
     assert cifar_resnet.main(["--data_dir", str(tmp_path / "nowhere")]) == 2
     assert "TFRecord file not found: " + str(tmp_path / "nowhere" / "train.tfrecords") in capsys.readouterr().err

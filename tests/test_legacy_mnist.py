@@ -134,7 +134,7 @@ def test_missing_data_and_unwritable_folder_exit_2_with_one_line(tmp_path, capsy
     assert mnist_multi_gpu.main(["--data_path", str(tmp_path / "nope.tfrecords"),
                                  "--model_save_path", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
-    assert "nope.tfrecords does not exist" in err and "Traceback" not in err
+    assert "TFRecord file not found: " + str(tmp_path / "nope.tfrecords") in err and "Traceback" not in err
 
     data = tmp_path / "d.tfrecords"
     mnist_records.make_synthetic(data, 20, seed=0)
