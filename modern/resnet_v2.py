@@ -194,6 +194,28 @@ class BottleneckV2(keras.layers.Layer):
         return shortcut + residual
 
 
+class ReplicaDropout(keras.layers.Dropout):
+    """Keras' Dropout, with an independent mask on every replica, as every legacy tower has.
+
+    slim.dropout in tower i is its own `random_uniform` op, so the N towers draw N independent
+    masks.  Keras 3's Dropout draws `stateless_dropout(x, rate, seed=seed_generator.next())`, and
+    under MirroredStrategy the seed generator's state is a mirrored variable: every replica reads
+    the same seed, so replicas with the same row count drop the SAME units (measured: identical
+    masks on 2 replicas; `compare/cifar.py` checks the masks differ).  Here the replica's id is
+    folded into the seed:  seed_i = stateless_fold_in(seed, replica_id).  Per row the mask is
+    still keep with probability 1 - rate, scaled by 1 / (1 - rate), as slim's.
+    """
+
+    def call(self, inputs, training=False):
+        if not training or self.rate == 0:
+            return inputs
+        seed = tf.cast(tf.math.floormod(self.seed_generator.next(), tf.int32.max - 1), tf.int32)
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group if context is not None else 0
+        seed = tf.random.experimental.stateless_fold_in(seed, replica)
+        return tf.nn.experimental.stateless_dropout(inputs, rate=self.rate, seed=seed)
+
+
 class ResNetV2_50(keras.Model):
     """slim's `resnet_v2_50(num_classes=None)` plus the legacy `Logits` head (squeeze, dropout, fc).
 
@@ -252,7 +274,7 @@ class ResNetV2_50(keras.Model):
         self.postnorm = batch_norm("postnorm")
         # The Logits head, built outside resnet_arg_scope in the seed: Xavier-uniform weights
         # (Keras' glorot_uniform), zero biases, no regulariser.
-        self.dropout = keras.layers.Dropout(1.0 - keep_prob, name="Logits_scope")
+        self.dropout = ReplicaDropout(1.0 - keep_prob, name="Logits_scope")
         self.fc = keras.layers.Dense(num_classes, name="Logits_fc")
 
     def backbone(self, images, training=False):
