@@ -672,7 +672,7 @@ def train(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    warnings.filterwarnings("ignore", category=UserWarning)  # slim's `layer.apply is deprecated`
+    warnings.filterwarnings("ignore", message="`layer.apply` is deprecated", category=UserWarning)  # slim's layers
     tf.get_logger().setLevel("ERROR")                          # tf.compat.v1 deprecation notices
     try:
         return train(args)
