@@ -184,31 +184,59 @@ def test_short_run_logs_the_quirk_and_writes_checkpoints_and_events(trained):
     assert any(n.startswith("events.out.tfevents.") for n in names)
 
 
-def test_eval_restores_the_moving_averages_and_prints_accuracy(trained):
-    assert trained.proc.returncode == 0
-    proc = run_program(["legacy/mnist_eval.py", "--model_save_path", trained.models,
+def _accuracy(values, images, labels, suffix=""):
+    """The network's accuracy in numpy with the checkpoint's `<name><suffix>` values (784-500-10, relu)."""
+    w1, b1, w2, b2 = (values[f"layer{k}/{name}{suffix}"].astype(np.float64)
+                      for k in (1, 2) for name in ("weights", "biases"))
+    logits = np.maximum(images.astype(np.float64) @ w1 + b1, 0) @ w2 + b2
+    return float((logits.argmax(1) == labels).mean())
+
+
+def _checkpoint_values(path):
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+@pytest.fixture(scope="module")
+def planted(trained, tmp_path_factory):
+    """The trained checkpoint with its raw weights zeroed and its moving-average shadows kept.
+
+    Evaluating the raw weights gives every example class 0; evaluating the shadows gives what numpy
+    computes from them, so an evaluation that restored the wrong set cannot pass.
+    """
+    values = _checkpoint_values(tf.train.latest_checkpoint(str(trained.models)))
+    for name in ("layer1/weights", "layer1/biases", "layer2/weights", "layer2/biases"):
+        values[name] = np.zeros_like(values[name])
+    folder = tmp_path_factory.mktemp("planted")
+    with tf.Graph().as_default(), tf.Session() as sess:
+        variables = {name: tf.Variable(value, name=name) for name, value in values.items()}
+        sess.run(tf.global_variables_initializer())
+        tf.train.Saver(variables).save(sess, str(folder / "model.ckpt"), global_step=19)
+    images, labels = mnist_records.load_tfrecords(trained.held_out)
+    shadows = _accuracy(values, images, labels, "/ExponentialMovingAverage")
+    raw = _accuracy(values, images, labels)
+    assert raw == float((labels == 0).mean()) and abs(shadows - raw) > 0.05  # the test can tell them apart
+    return SimpleNamespace(folder=folder, shadows=shadows, raw=raw, examples=len(labels))
+
+
+def test_eval_program_prints_the_accuracy_of_the_moving_average_shadows(trained, planted):
+    proc = run_program(["legacy/mnist_eval.py", "--model_save_path", planted.folder,
                         "--data_path", trained.held_out])
     assert proc.returncode == 0, proc.stderr[-2000:]
     match = re.search(r"After 19 training step\(s\), validation accuracy = ([\d.e-]+) \(300 examples", proc.stdout)
-    assert match and 0.0 <= float(match.group(1)) <= 1.0
+    assert match, proc.stdout
+    assert abs(float(match.group(1)) - planted.shadows) <= 1 / planted.examples  # one near-tie may flip
 
 
-def test_eval_restores_shadows_not_the_raw_weights(trained):
-    """In-process: the evaluated network's weights are the checkpoint's ExponentialMovingAverage values."""
-    ckpt = tf.train.latest_checkpoint(str(trained.models))
-    reader = tf.train.load_checkpoint(ckpt)
-    raw = reader.get_tensor("layer1/weights")
-    shadow = reader.get_tensor("layer1/weights/ExponentialMovingAverage")
-    assert not np.allclose(raw, shadow)
+def test_eval_restores_shadows_not_the_raw_weights(trained, planted):
+    """In-process, on the trained checkpoint and on the planted one: the shadows' accuracy."""
     images, labels = mnist_records.load_tfrecords(trained.held_out)
-    step, accuracy = mnist_eval.evaluate_checkpoint(images.astype(np.float32), labels, str(trained.models))
-    assert step == "19" and 0.0 <= accuracy <= 1.0
-    with tf.Graph().as_default():
-        x = tf.placeholder(tf.float32, [None, 784])
-        from legacy import mnist_inference
-        mnist_inference.inference(x, None)
-        saver = tf.train.Saver(tf.train.ExponentialMovingAverage(0.99).variables_to_restore())
-        with tf.Session() as sess:
-            saver.restore(sess, ckpt)
-            (w,) = [v for v in tf.global_variables() if v.op.name == "layer1/weights"]
-            np.testing.assert_array_equal(sess.run(w), shadow)
+    images = images.astype(np.float32)
+    step, accuracy = mnist_eval.evaluate_checkpoint(images, labels, str(planted.folder))
+    assert step == "19" and abs(accuracy - planted.shadows) <= 1 / planted.examples
+    ckpt = tf.train.latest_checkpoint(str(trained.models))
+    values = _checkpoint_values(ckpt)
+    assert not np.allclose(values["layer1/weights"], values["layer1/weights/ExponentialMovingAverage"])
+    step, accuracy = mnist_eval.evaluate_checkpoint(images, labels, str(trained.models))
+    expected = _accuracy(values, images, labels, "/ExponentialMovingAverage")
+    assert step == "19" and abs(accuracy - expected) <= 1 / len(labels)

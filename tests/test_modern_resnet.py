@@ -158,8 +158,9 @@ def test_training_mode_matches_tf1_as_closely_as_float32_allows(reference, model
     print(f"training mode: TF1 vs Keras {gap:.2e}; vs float64: TF1 {tf1_error:.2e}, "
           f"Keras {keras_error:.2e}")
     # Both run the fused batch-norm kernel (SlimBatchNorm), so float32 gives the same numbers on
-    # both sides; each is ~1e-3 from the float64 answer (4-row batch statistics at block4's 1x1 maps).
-    assert gap < 1e-6 and tf1_error < 1e-2
+    # both sides (measured: gap 0); each is ~1e-3 from the float64 answer (4-row batch statistics at
+    # block4's 1x1 maps; measured 1.47e-3 for both, bound 5e-3: a margin of 3.4).
+    assert gap < 1e-6 and tf1_error < 5e-3 and keras_error < 5e-3
 
 
 def test_moving_statistics_update_like_slim_after_one_training_step(reference, model, images):
@@ -174,11 +175,14 @@ def test_moving_statistics_update_like_slim_after_one_training_step(reference, m
             reference.saver.restore(reference.sess, reference.path)
     model(images, training=True)
     # Compare the updates (after - before), which are (1 - decay) = 0.003 times smaller than the
-    # statistics, so the check is sensitive; training-mode round-off (~1e-3, see above) bounds it.
+    # statistics, so the check is sensitive: one float32 rounding of a statistic (6e-8 of it) is
+    # ~2e-5 of its update.  Measured worst: 2.43e-05 (block2/unit_1 conv1 moving_variance), the
+    # subtraction's round-off; the bound 1e-4 leaves a margin of 4.  A different formula (Keras'
+    # biased variance, momentum 0.99) is off by more than 1e-1.
     errors = {n: relative_error(names[n].numpy() - before[n], after[n] - before[n]) for n in before}
     worst = max(errors, key=errors.get)
     print(f"moving-statistics updates: worst relative error {errors[worst]:.2e} ({worst})")
-    assert errors[worst] < 1e-2
+    assert errors[worst] < 1e-4
 
 
 def test_slim_batch_norm_moving_variance_uses_bessel_correction():
