@@ -165,7 +165,11 @@ def write_json(path, results, meta):
 
 def write_plot(path, results):
     """Per-step loss (legacy vs modern) and per-variable gradient error by layer, log scale."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                                  "(or the project's plot extra: pip install -e '.[plot]')", name="matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_program(args, cwd=None, timeout=600):
     """Run `python <args...>` from the repository root (or `cwd`) and return the CompletedProcess.
 
-    stdout and stderr are captured as text; the caller asserts on them.
+    No PYTHONPATH: a program run as a file puts the repository root on sys.path itself (its
+    `if __package__ in (None, "")` preamble), and `-m package.module` finds the packages in the
+    repository root, the working directory.  stdout and stderr are captured as text.
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd or ROOT, env=env,
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd or ROOT,
                           capture_output=True, text=True, timeout=timeout)

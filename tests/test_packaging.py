@@ -1,0 +1,57 @@
+"""pyproject.toml: what `pip install .` installs, the commands it creates, and what the README says of it."""
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+from conftest import ROOT
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+README = (ROOT / "README.md").read_text()
+
+
+def _requirements(lines):
+    return {Requirement(line).name: Requirement(line) for line in lines}
+
+
+def test_runtime_dependencies_are_declared_and_the_installed_versions_satisfy_them():
+    required = _requirements(PROJECT["dependencies"])
+    assert set(required) == {"tensorflow", "tf-keras", "tf-slim", "keras", "numpy"}
+    assert required["keras"].specifier == SpecifierSet(">=3.15,<3.16")  # the tested minor version
+    for name, requirement in required.items():
+        assert requirement.specifier.contains(importlib.metadata.version(name), prereleases=True), name
+
+
+def test_extras_for_plot_tensorboard_tests_and_gpu():
+    extras = {name: _requirements(lines) for name, lines in PROJECT["optional-dependencies"].items()}
+    assert {name: set(reqs) for name, reqs in extras.items()} == {
+        "plot": {"matplotlib"}, "tensorboard": {"tensorboard"}, "test": {"pytest"}, "gpu": {"tensorflow"}}
+    assert extras["gpu"]["tensorflow"].extras == {"and-cuda"}
+    assert (ROOT / "requirements.txt").read_text().splitlines()[-1] == "-e .[test,plot]"
+
+
+def test_every_command_points_at_a_main_that_takes_argv():
+    for command, target in PROJECT["scripts"].items():
+        module, function = target.split(":")
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        mains = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function]
+        assert mains and [a.arg for a in mains[0].args.args] == ["argv"], command
+        assert f"`{command}`" in README
+
+
+def test_readme_states_the_python_versions_pyproject_allows():
+    assert PROJECT["requires-python"] == ">=3.10,<3.14"
+    assert "Python 3.10 to 3.13" in README
+    assert SpecifierSet(PROJECT["requires-python"]).contains(".".join(map(str, sys.version_info[:3])))
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
+    from compare import report
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    with pytest.raises(ModuleNotFoundError, match=re.escape("--plot needs matplotlib")):
+        report.write_plot(str(tmp_path / "plot.png"), [])
