@@ -157,14 +157,19 @@ def test_odd_batch_weighs_every_row_once_over_the_global_batch(strategy, model):
 
 def test_piecewise_constant_matches_tf1_at_each_boundary():
     boundaries, values = [10000, 25000], [0.001, 0.0001, 0.00001]
-    keras_schedule = cifar_resnet.make_optimizer(boundaries, values)._learning_rate
+    optimizer = cifar_resnet.make_optimizer(boundaries, values)
+
+    def keras_rate(step):  # public API only: the rate the optimizer uses after `step` updates
+        optimizer.iterations.assign(step)
+        return float(optimizer.learning_rate)
+
     for b in boundaries:
         for step in (b - 1, b, b + 1):
             tf1 = tf.compat.v1.train.piecewise_constant(tf.constant(step, tf.int64), boundaries, values)
             tf1 = tf1() if callable(tf1) else tf1
-            assert float(keras_schedule(step)) == float(tf1), step
-    assert np.float32(keras_schedule(10000)) == np.float32(0.001)
-    assert np.float32(keras_schedule(10001)) == np.float32(0.0001)
+            assert keras_rate(step) == float(tf1), step
+    assert np.float32(keras_rate(10000)) == np.float32(0.001)
+    assert np.float32(keras_rate(10001)) == np.float32(0.0001)
 
 
 def test_optimizer_reads_the_rate_at_the_step_before_its_update():
@@ -293,7 +298,7 @@ def test_short_run_writes_checkpoints_and_legacy_summary_tags(two_runs):
     assert "summary: 4 steps this run (step 0 -> 4 of 4)" in result.stdout
     assert "rows dropped: 0 of 25" in result.stdout  # the 1-row batch counted once, nothing lost
     assert "Ended......" in result.stdout
-    assert tf.train.latest_checkpoint(str(root / "models")).endswith("train-model.ckpt-4")
+    assert os.path.exists(root / "models" / "train-model.ckpt-4.index")  # (the resume test adds ckpt-6 here)
     for sub in ("train", "valid"):
         tags = _tags(str(root / "logs" / sub))
         assert {(4, "lr"), (4, "accuracy"), (4, "loss")} <= tags, (sub, tags)
@@ -312,14 +317,45 @@ def test_deterministic_runs_are_bit_identical(two_runs):
 
 def test_second_invocation_resumes_from_the_latest_checkpoint(small_data, two_runs):
     root, _ = two_runs[0]
+    best = float(_checkpoint_values(str(root / "models" / "train-model.ckpt-4"))["best_acc/.ATTRIBUTES/VARIABLE_VALUE"])
     result = _run(small_data, str(root / "models"), str(root / "logs"), 6)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Resuming from" in result.stdout and "train-model.ckpt-4: step 4" in result.stdout
+    assert "Resuming from" in result.stdout and f"train-model.ckpt-4: step 4, best val_acc {best:.4f}" in result.stdout
+    # No validation in steps 5-6 (every 4): the run ends with the best accuracy it resumed with.
+    assert f"no better Valid_Acc this run (best so far {best:.4f})" in result.stdout
     assert "Step: 6,Train_Acc:" in result.stdout and "Step: 2," not in result.stdout
     assert tf.train.latest_checkpoint(str(root / "models")).endswith("train-model.ckpt-6")
     values = _checkpoint_values(str(root / "models" / "train-model.ckpt-6"))
     iterations = [v for k, v in values.items() if k.startswith("optimizer/_iterations")]
     assert [int(v) for v in iterations] == [6]
+
+
+def test_resume_restores_every_saved_value_moving_statistics_and_adam_slots_included(strategy, two_runs,
+                                                                                     tmp_path):
+    """In-process: build() on run b's folder restores step 4; written again, it is the same checkpoint."""
+    root, _ = two_runs[1]
+    prefix = str(root / "models" / "train-model.ckpt-4")
+    saved = _checkpoint_values(prefix)
+    args = _build_args(tmp_path, None)
+    args.model_dir = str(root / "models")
+    model, optimizer, checkpoint, _, best_acc, origin = cifar_resnet.build(strategy, args)
+    assert origin.startswith(f"Resuming from {prefix}: step 4")
+    assert float(best_acc.numpy()) == float(saved["best_acc/.ATTRIBUTES/VARIABLE_VALUE"])
+    restored = _checkpoint_values(checkpoint.write(str(tmp_path / "again" / "ckpt")))
+    names = [n for n in saved if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert sorted(names) == sorted(n for n in restored if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
+    different = [n for n in names if not np.array_equal(saved[n], restored[n])]
+    assert not different, different[:5]
+    # What the comparison covered: the batch-norm moving statistics, moved away from their
+    # initial values by 4 steps, and Adam's two slots per trainable variable, non-zero.
+    moving = [v for v in model.non_trainable_variables if "moving" in v.path]
+    assert len(moving) == 2 * (4 * 3 + 1)  # mean and variance of 3 batch norms per unit, 4 units, + postnorm
+    assert all(not np.array_equal(v.numpy(), np.zeros(v.shape) if "mean" in v.path else np.ones(v.shape))
+               for v in moving)
+    slots = [v for v in optimizer.variables if tuple(v.shape) != ()]
+    assert len(slots) == 2 * len(model.trainable_variables)
+    assert sum(bool(np.any(v.numpy() != 0)) for v in slots) == len(slots)
+    assert len(names) >= len(moving) + len(slots) + len(model.trainable_variables)
 
 
 def test_missing_data_file_is_one_paragraph_and_exit_code_2(strategy, tmp_path, capsys):
