@@ -1,34 +1,114 @@
 """Parity checks for the CIFAR program: `legacy/cifar_resnet.py` against `modern/cifar_resnet.py`.
 
-The legacy graph is built by `legacy.cifar_resnet.build_graph` (N towers on N devices), the modern
-model by `modern.resnet_v2.resnet_v2_50` under a MirroredStrategy over N replicas, its loss,
-gradients, optimizer and train step by `modern.cifar_resnet`.  Both start from the same weights
-(written by the legacy Saver, read by `modern.checkpoints.load_tf1_checkpoint`) and see the same
-rows; every tensor is compared through the TF1 names of `modern.checkpoints.tf1_variable_map`.
+Each side is built by the program's own functions from the program's own parsed command line:
 
-The two known differences between the programs are checked as EXPECTED, each by predicting one
-side from measured values with a formula (see `check_bn_moving_stats` and `check_splits`).
+  legacy: `parse_args`, `make_datasets`, `build_graph`, `make_feed`, `session_config`, `validate`
+          (the graph is the one the trainer runs: control flow v2, its session config);
+  modern: `parse_args`, `make_datasets`, `build` (model + optimizer), `make_train_step`,
+          `make_eval_step`, `validate`, `adam_slots`; the model's own `ReplicaDropout`.
+
+Nothing is stood in for.  What the harness needs to see inside, it reads without changing the judged
+graph or step: the legacy batch-norm statistics are outputs of the `cond` ops slim builds; the
+modern gradients are read out of the train step itself, from the Adam slot it fills
+(m_after = m_before + (g - m_before) * (1 - beta1)); the modern dropout masks are drawn by the
+model's own dropout layer from the seed the step is about to use, and the same masks are fed to
+the legacy towers' dropout noise.
+
+Both start from the same weights (written by the legacy Saver, read by
+`modern.checkpoints.load_tf1_checkpoint`) and see the same rows; every tensor is compared through the
+TF1 names of `modern.checkpoints.tf1_variable_map`.  Known TF1/TF2 differences are EXPECTED checks,
+each a prediction computed from the split arithmetic or a formula, which would FAIL if the modern
+program behaved like the legacy one.
 """
+import dataclasses
+import itertools
+import inspect
 import os
-from types import SimpleNamespace
+import tempfile
 
 import numpy as np
 import tensorflow as tf
+import tf_slim as slim
+from tf_slim import nets
 
 from compare import common
-from compare.report import TOLERANCES, judge, share_floors, tensor_error
-import tf_slim as slim
-
+from compare.report import EPS32, TOLERANCES, TensorError, judge, share_floors, tensor_error
 from legacy import cifar_resnet as legacy_cifar
-from legacy import towers
 from modern import checkpoints
 from modern import cifar_resnet as modern_cifar
-from modern import resnet_v2
+from records import cifar10
 
 tf1 = tf.compat.v1
 MODEL = "cifar"
-NUM_CLASSES = 10
-DECAY = 0.997  # resnet_arg_scope's batch_norm_decay
+NUM_CLASSES = cifar10.NUM_CLASSES
+FEATURES = 2048  # the pooled ResNet-v2-50 features that the Logits dropout sees
+# slim's resnet_arg_scope batch-norm decay and epsilon: the reference values the predictions use.
+GROUPS = ("basics", "forward", "training", "splits", "steps", "free", "tf1")  # run_checks' groups
+SLIM_BN = {k: inspect.signature(nets.resnet_v2.resnet_arg_scope).parameters[k].default
+           for k in ("batch_norm_decay", "batch_norm_epsilon")}
+
+
+@dataclasses.dataclass
+class Config:
+    """What the harness runs: tower count, rows, steps; the programs get their own defaults."""
+    towers: int = 2
+    steps: int = 6               # restart-per-step training steps (each from the legacy state)
+    free_steps: int = 20         # free-running steps, legacy vs modern vs legacy perturbed by 1 ulp
+    seed: int = 0
+    quick: bool = False
+    checkpoint: str = None
+    tf1_runtime: bool = True     # also judge the legacy graph on TF1's runtime (a second process)
+    # 8 rows per tower: batch norm at block4's 1x1 maps normalises over a tower's rows only; with
+    # 2 rows the training loss amplifies float32 round-off past 1e-1 on either program alone.
+    rows_per_tower: int = 8
+
+
+@dataclasses.dataclass
+class Legacy:
+    """The legacy program's graph (`build_graph`'s namespace `ns`) in its own session."""
+    graph: object
+    ns: object
+    sess: object
+    args: object
+    saver: object                # all model variables (slim.get_model_variables)
+    init: object
+    model_variables: dict        # TF1 name -> variable
+    trainable: set
+    moving: dict                 # the batch-norm moving statistics
+    slots: dict                  # TF1 name -> (m, v) slot variables
+    beta_powers: tuple           # (beta1_power, beta2_power) variables
+    bn_stats: dict               # (tower, scope) -> (batch mean, Bessel variance) tensors
+    dropout_out: list            # per tower: the dropout's output (the fc's input)
+    data: tuple                  # make_datasets' iterators and batches, on the harness TFRecords
+    setters: dict = None         # variable name -> (placeholder, assign op): the state in one run
+    start_path: str = ""
+
+
+@dataclasses.dataclass
+class Modern:
+    """The modern program's model, optimizer and steps under its MirroredStrategy."""
+    model: object
+    optimizer: object
+    strategy: object
+    args: object
+    names: dict                  # TF1 name -> modern variable
+    train_step: object
+    eval_step: object
+    spec: object                 # the element_spec every step is traced for
+    draw: object = None          # draw_masks' tf.function
+    setter: tuple = None         # set_modern_state's tf.function, for one set of names
+
+
+@dataclasses.dataclass
+class Harness:
+    cfg: Config
+    legacy: Legacy
+    modern: Modern
+    xs: np.ndarray
+    ys: np.ndarray
+    files: dict
+    tmp_dir: str
+    weighted: Legacy = None      # the legacy graph built --split=weighted (on first use)
 
 
 def make_batches(steps, rows, seed):
@@ -39,572 +119,1030 @@ def make_batches(steps, rows, seed):
     return x, np.eye(NUM_CLASSES, dtype=np.float32)[labels]
 
 
+def write_records(tmp_dir, seed, train_rows=13, valid_rows=11):
+    """Small TFRecord files in the real format (records.cifar10), for both programs' pipelines."""
+    rng = np.random.RandomState(seed + 1)
+    files = {}
+    for name, rows in (("train", train_rows), ("valid", valid_rows)):
+        images = rng.randint(0, 256, size=(rows, 32, 32, 3)).astype(np.uint8)
+        labels = rng.randint(0, NUM_CLASSES, size=rows)
+        files[name] = os.path.join(tmp_dir, f"{name}.tfrecords")
+        cifar10.write_tfrecords(files[name], images, labels)
+    return files
+
+
+# The harness's batch sizes on the programs' pipelines: 13 rows in batches of 4 end each epoch on
+# one row (fewer than the towers), 11 validation rows in batches of 3 on two.
+PIPELINE = {"batch_size": 4, "valid_batch_size": 3, "epochs": 2, "shuffle_buffer": 1}
+
+
+def program_args(parse_args, towers_flag, cfg, tmp_dir, extra=()):
+    """A program's own parsed defaults, with the tower count (and the harness's folders) set."""
+    args = parse_args([towers_flag, str(cfg.towers), *extra])
+    for key, value in PIPELINE.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.model_dir = os.path.join(tmp_dir, "modern_model")
+    return args
+
+
 # ---------------------------------------------------------------------------------------------
 # The legacy side
 
-def build_legacy(cfg, tmp_dir):
-    """The legacy graph with start weights: fresh (batch-norm statistics randomised) or --checkpoint."""
+def build_legacy(cfg, files, tmp_dir, split="fix", start_path=None):
+    """The legacy graph as the program builds it, started from fresh weights (batch-norm statistics
+    randomised), from --checkpoint, or from `start_path`."""
+    args = program_args(legacy_cifar.parse_args, "--num_towers", cfg, tmp_dir)
     graph = tf1.Graph()
     with graph.as_default():
         tf1.set_random_seed(cfg.seed)
-        g = legacy_cifar.build_graph(num_towers=cfg.towers, split="fix", boundaries=cfg.boundaries,
-                                     values=cfg.values)
-        g.model_variables = {v.op.name: v for v in slim.get_model_variables()}
-        g.trainable = {v.op.name for v in tf1.trainable_variables()}
-        g.all_names = [v.op.name for v in tf1.global_variables()]
-        g.saver = tf1.train.Saver(var_list=g.model_variables)
-        g.bn_stats = legacy_bn_batch_stats(graph, cfg.towers)
-        g.moving = {n: v for n, v in g.model_variables.items() if "/moving_" in n}
-        g.slots = {}
-        for name, var in g.model_variables.items():
-            if name in g.trainable:
-                g.slots[f"{name}/Adam"] = g.optimizer.get_slot(var, "m")
-                g.slots[f"{name}/Adam_1"] = g.optimizer.get_slot(var, "v")
-        g.beta_powers = g.optimizer._get_beta_accumulators()
-        init = tf1.global_variables_initializer()
-    g.graph, g.init = graph, init
-    g.sess = common.legacy_session(graph, cfg.towers, legacy_cifar.session_config(cfg.towers))
-    g.sess.run(init)
-    if cfg.checkpoint:
-        # The user's own TF1 checkpoint (the legacy trainer's or slim-named): every model variable.
-        with graph.as_default():
-            g.saver.restore(g.sess, cfg.checkpoint)
-    else:
-        # Fresh moving statistics are 0 and 1, which would hide a wrong batch-norm epsilon or
-        # variance formula in inference mode: randomise them (mean ~ N(0, 0.1), var ~ U(0.5, 1.5)).
-        rng = np.random.RandomState(cfg.seed)
-        with graph.as_default():
-            for name, var in g.moving.items():
-                shape = var.shape.as_list()
-                value = (rng.normal(0, 0.1, shape) if name.endswith("mean") else rng.uniform(0.5, 1.5, shape))
-                var.load(value.astype(np.float32), g.sess)
+        data = legacy_cifar.make_datasets([files["train"]], [files["valid"]], PIPELINE["batch_size"],
+                                          PIPELINE["valid_batch_size"], PIPELINE["shuffle_buffer"],
+                                          PIPELINE["epochs"])
+        ns = legacy_cifar.build_graph(num_towers=cfg.towers, split=split, static_batch_size=cfg.rows_per_tower,
+                                      boundaries=args.boundaries, values=args.values)
+        model_variables = {v.op.name: v for v in slim.get_model_variables()}
+        trainable = {v.op.name for v in tf1.trainable_variables()}
+        slots = {n: (ns.optimizer.get_slot(v, "m"), ns.optimizer.get_slot(v, "v"))
+                 for n, v in model_variables.items() if n in trainable}
+        powers = {v.op.name: v for v in tf1.global_variables() if v.op.name in ("beta1_power", "beta2_power")}
+        legacy = Legacy(
+            graph=graph, ns=ns, sess=None, args=args, saver=tf1.train.Saver(var_list=model_variables),
+            init=tf1.global_variables_initializer(), model_variables=model_variables, trainable=trainable,
+            moving={n: v for n, v in model_variables.items() if "/moving_" in n}, slots=slots,
+            beta_powers=(powers["beta1_power"], powers["beta2_power"]),
+            bn_stats=legacy_bn_batch_stats(graph, cfg.towers, model_variables),
+            dropout_out=[t.op.inputs[0].op.inputs[0] for t in ns.tower_logits], data=data)
+        # Setting the state variable by variable (Variable.load) costs one new executor per
+        # variable on this graph; one assign per variable, run together, costs one.
+        state_vars = (list(model_variables.values()) + [s for pair in slots.values() for s in pair]
+                      + list(legacy.beta_powers) + [ns.global_step])
+        with tf1.name_scope("parity_setters/"):
+            legacy.setters = {}
+            for v in state_vars:
+                ph = tf1.placeholder(v.dtype.base_dtype, v.shape)
+                legacy.setters[v.op.name] = (ph, v.assign(ph))
+    legacy.sess = tf1.Session(graph=graph, config=legacy_cifar.session_config(cfg.towers))
+    legacy.sess.run(legacy.init)
     with graph.as_default():
-        g.start_path = g.saver.save(g.sess, os.path.join(tmp_dir, "cifar_start.ckpt"), write_meta_graph=False)
-    return g
+        if start_path or cfg.checkpoint:
+            legacy.saver.restore(legacy.sess, start_path or cfg.checkpoint)
+        else:
+            # Fresh moving statistics are 0 and 1, which would hide a wrong batch-norm epsilon or
+            # variance formula in inference mode: randomise them (mean ~ N(0, 0.1), var ~ U(0.5, 1.5)).
+            rng = np.random.RandomState(cfg.seed)
+            feed = {}
+            for name, var in legacy.moving.items():
+                shape = var.shape.as_list()
+                value = rng.normal(0, 0.1, shape) if name.endswith("mean") else rng.uniform(0.5, 1.5, shape)
+                feed[legacy.setters[name][0]] = value.astype(np.float32)
+            legacy.sess.run([legacy.setters[n][1] for n in legacy.moving], feed)
+        legacy.start_path = start_path or legacy.saver.save(
+            legacy.sess, os.path.join(tmp_dir, "cifar_start.ckpt"), write_meta_graph=False)
+    return legacy
 
 
-def legacy_bn_batch_stats(graph, num_towers):
+def legacy_bn_batch_stats(graph, num_towers, moving):
     """{(tower, TF1 BN scope): (batch mean, Bessel-corrected batch variance)} tensors.
 
-    slim's fused batch norm in training mode is a FusedBatchNormV3 op inside a `cond`; outputs 1
-    and 2 are the statistics its `assign_moving_average` uses.  Tower i>0's ops live under the
-    uniquified name scope `resnet_v2_50_<i>`.
+    slim's fused batch norm returns `outputs, mean, variance = smart_cond(is_training, training
+    branch, inference branch)`: with is_training fed True, outputs 1 and 2 of that `cond` (an `If`
+    op `<scope>/cond` under control flow v2) are the batch statistics its `assign_moving_average`
+    uses.  Tower i > 0's ops live under the uniquified name scope `resnet_v2_50_<i>`.  Control
+    flow v2 marks the `If` op unfetchable once gradients are taken through it, so each statistic
+    is read through an `Identity` tap added beside the graph: nothing the program runs depends
+    on a tap, and no op of the program's graph is changed.
     """
     stats = {}
     for op in graph.get_operations():
-        if op.type != "FusedBatchNormV3" or not op.get_attr("is_training"):
+        if op.type != "If" or not op.name.endswith("/cond") or not op.name.startswith("resnet_v2_50"):
             continue
         head, rest = op.name.split("/", 1)
-        tower = int(head.rsplit("_", 1)[1]) if head != "resnet_v2_50" else 0
-        scope = "resnet_v2_50/" + rest.split("/cond/")[0]
-        stats[(tower, scope)] = (_cond_output(op.outputs[1]), _cond_output(op.outputs[2]))
+        scope = "resnet_v2_50/" + rest[:-len("/cond")]
+        if scope + "/moving_mean" in moving:
+            tower = int(head.rsplit("_", 1)[1]) if head != "resnet_v2_50" else 0
+            with tf1.name_scope("parity_taps/"):
+                stats[(tower, scope)] = (tf1.identity(op.outputs[1]), tf1.identity(op.outputs[2]))
     if len(stats) != 49 * num_towers:
-        raise RuntimeError(f"found {len(stats)} training batch norms, expected {49 * num_towers}")
+        raise RuntimeError(f"found {len(stats)} batch-norm conds, expected {49 * num_towers}")
     return stats
 
 
-def _cond_output(tensor):
-    """The `Merge` that carries a tensor out of its v1 `cond` (ops inside a cond cannot be fetched)."""
-    seen = tensor
-    for _ in range(4):
-        merges = [c for c in seen.consumers() if c.type == "Merge"]
-        if merges:
-            return merges[0].outputs[0]
-        seen = next(c for c in seen.consumers() if c.type == "Identity").outputs[0]
-    raise RuntimeError(f"no Merge found after {tensor.name}")
+def legacy_feed(legacy, x, y, masks=None, training=True, split=None, cut=None):
+    """The program's `make_feed` (keep_prob from the program's defaults, 1 when not training), plus
+    dropout masks fed as each tower's uniform noise (a unit is kept where noise >= 1 - keep_prob:
+    1 keeps, 0 drops).  masks: one per tower, or one array of per-row masks, cut as the towers
+    are; `cut` (starts, sizes, weights) overrides the weighted graph's split."""
+    keep_prob = legacy.args.keep_prob if training else 1.0
+    feed, dropped = legacy_cifar.make_feed(legacy.ns, x, y, training, keep_prob, split=split)
+    if cut is not None:
+        feed.update({legacy.ns.tower_starts: cut[0], legacy.ns.tower_sizes: cut[1], legacy.ns.tower_weights: cut[2]})
+    if isinstance(masks, np.ndarray):
+        split_of = legacy_cifar.tower_split(legacy.ns, len(x), split)
+        masks = [masks[s:s + n] for s, n in zip(split_of.starts, split_of.sizes)]
+    for i, mask in enumerate(masks or []):
+        feed[legacy.ns.dropout_noise[i]] = mask
+    return feed, dropped
 
 
-def legacy_run(g, x, y, training=True, keep_prob=1.0, split="fix", static_batch_size=None,
-               fetches=(), noise=None):
-    feed, dropped = legacy_cifar.make_feed(g, x, y, training, keep_prob, split=split,
-                                           static_batch_size=static_batch_size)
-    if noise is not None:
-        cut = legacy_cifar.tower_split(g, len(x), split, static_batch_size)
-        for i, tensor in enumerate(g.dropout_noise):
-            feed[tensor] = noise[cut.starts[i]:cut.starts[i] + cut.sizes[i]]
-    return g.sess.run(list(fetches), feed), dropped
+def legacy_state(legacy):
+    """Weights and moving statistics, Adam slots, beta powers and global_step, as numpy."""
+    weights, slots, powers, step = legacy.sess.run(
+        [legacy.model_variables, legacy.slots, legacy.beta_powers, legacy.ns.global_step])
+    return {"weights": weights, "slots": slots, "powers": powers, "step": int(step)}
+
+
+def set_legacy_state(legacy, state):
+    values = dict(state["weights"])
+    for name, (m, v) in state["slots"].items():
+        values[legacy.slots[name][0].op.name], values[legacy.slots[name][1].op.name] = m, v
+    values.update((var.op.name, p) for var, p in zip(legacy.beta_powers, state["powers"]))
+    values[legacy.ns.global_step.op.name] = state["step"]
+    legacy.sess.run([legacy.setters[n][1] for n in values], {legacy.setters[n][0]: x for n, x in values.items()})
+
+
+def legacy_gradients(legacy, x, y, masks, **kw):
+    """(total loss, {TF1 name: averaged gradient}, dropped rows): the program's `grads` tensors."""
+    feed, dropped = legacy_feed(legacy, x, y, masks, **kw)
+    total, grads = legacy.sess.run([legacy.ns.total_loss, [g for g, _ in legacy.ns.grads]], feed)
+    return float(total), {v.op.name: g for g, (_, v) in zip(grads, legacy.ns.grads)}, dropped
 
 
 # ---------------------------------------------------------------------------------------------
 # The modern side
 
-class ImposedDropout:
-    """Stands in for `model.dropout` so that the harness chooses the dropout mask.
-
-    Applies what slim.dropout applies, x * (1 / keep_prob) * mask, with replica i's mask read from
-    `mask[i, :rows]`; with keep_prob 1 and a mask of ones it is exactly the identity.  Everything
-    else (model, loss, gradients, train step) is the modern package's own code.
-    """
-
-    def __init__(self, num_replicas, max_rows, width=2048):
-        self.mask = tf.Variable(tf.ones([num_replicas, max_rows, width]), trainable=False)
-        self.keep_prob = tf.Variable(1.0, trainable=False)
-
-    def __call__(self, x, training=False):
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        return x * (1.0 / self.keep_prob) * self.mask[replica, :tf.shape(x)[0]]
-
-    def set(self, per_replica_masks=None, keep_prob=1.0):
-        value = np.ones(self.mask.shape, np.float32)
-        for i, mask in enumerate(per_replica_masks or []):
-            value[i, :len(mask)] = mask
-        self.mask.assign(value)
-        self.keep_prob.assign(keep_prob)
+def build_modern(cfg, strategy, start_path, tmp_dir, extra_argv=()):
+    """The modern program's `build` (model, optimizer) from its own parsed defaults, loaded with the
+    legacy start weights; its train and eval steps traced once for every batch size."""
+    args = program_args(modern_cifar.parse_args, "--num_replicas", cfg, tmp_dir, extra_argv)
+    args.pretrained = start_path
+    model, optimizer, *_ = modern_cifar.build(strategy, args)
+    checkpoints.load_tf1_checkpoint(model, start_path)  # Logits too (build excludes them)
+    spec = element_spec(strategy)
+    return Modern(model=model, optimizer=optimizer, strategy=strategy, args=args,
+                  names=checkpoints.tf1_variable_map(model),
+                  train_step=modern_cifar.make_train_step(model, optimizer, strategy, return_metrics=True,
+                                                          element_spec=spec),
+                  eval_step=modern_cifar.make_eval_step(model, strategy, element_spec=spec), spec=spec)
 
 
-def build_modern(cfg, strategy, start_path, model=None):
-    """Model (cfg.model_fn, or the one given), optimizer (cfg.make_optimizer), train step and a
-    gradient function, all mirrored; the model starts from the TF1 checkpoint `start_path`."""
-    with strategy.scope():
-        if model is None:
-            model = (cfg.model_fn or resnet_v2.resnet_v2_50)(num_classes=NUM_CLASSES, keep_prob=1.0)
-            model.dropout = ImposedDropout(cfg.towers, cfg.towers * cfg.rows_per_tower)
-        names = checkpoints.tf1_variable_map(model)
-        checkpoints.load_tf1_checkpoint(model, start_path)
-        optimizer = cfg.make_optimizer(cfg.boundaries, cfg.values)
-        optimizer.build(model.trainable_variables)
-    m = SimpleNamespace(model=model, optimizer=optimizer, names=names, strategy=strategy,
-                        name_of={id(v): n for n, v in names.items()})
-    m.train_step = modern_cifar.make_train_step(model, optimizer, strategy)
-    m.gradients = make_gradient_fn(model, strategy)
-    return m
-
-
-def make_gradient_fn(model, strategy):
-    """tf.function(distributed element) -> (per-replica losses, replica-summed gradients), through
-    the trainer's own `modern.cifar_resnet.replica_gradients`, without applying them."""
-    def replica(x, y, weights):
-        rows = modern_cifar._global_rows(tf.shape(x)[0], weights)
-        return modern_cifar.replica_gradients(model, x, y, rows, weights)
-
-    @tf.function(reduce_retracing=True)
-    def gradients(element):
-        losses, grads = strategy.run(replica, args=element)
-        return losses, [strategy.reduce(tf.distribute.ReduceOp.SUM, gr, axis=None) for gr in grads]
-
-    return gradients
-
-
-def distribute(m, x, y):
-    """One global batch through the modern trainer's own input path (spread_short_batch, then
-    experimental_distribute_dataset); returns the element and each replica's row count."""
-    n = m.strategy.num_replicas_in_sync
-    dataset = tf.data.Dataset.from_tensors((x, y)).map(
+def distribute(strategy, x, y):
+    """One global batch through the modern program's input path (`spread_short_batch` on a
+    dataset of global batches, then `experimental_distribute_dataset`), as `make_datasets` feeds
+    the trainer; returns the distributed element and each replica's row count."""
+    n = strategy.num_replicas_in_sync
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)).map(
         lambda a, b: modern_cifar.spread_short_batch(a, b, n))
-    element = next(iter(m.strategy.experimental_distribute_dataset(dataset)))
-    rows = [int(t.shape[0]) for t in m.strategy.experimental_local_results(element[1])]
+    element = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    rows = [int(t.shape[0]) for t in strategy.experimental_local_results(element[1])]
     return element, rows
 
 
-def modern_gradients(m, x, y, noise=None, keep_prob=1.0):
-    """(per-replica mean losses, {TF1 name: replica-summed gradient}, rows per replica)."""
-    element, rows = distribute(m, x, y)
-    starts = np.cumsum([0] + rows[:-1])
-    m.model.dropout.set(None if noise is None else [noise[s:s + r] for s, r in zip(starts, rows)], keep_prob)
-    losses, grads = m.gradients(element)
-    total = len(x)
-    # replica i returns sum_i(ce) / B; its mean over its rows is that * B / b_i
-    means = [l * total / r for l, r in zip(common.local(m.strategy, losses), rows)]
-    by_name = {m.name_of[id(v)]: gr.numpy() for v, gr in zip(m.model.trainable_variables, grads)}
-    return means, by_name, rows
+def element_spec(strategy):
+    """The distributed element_spec of `distribute` (no static row count: one trace for all)."""
+    x, y = make_batches(1, 3, 0)
+    dataset = tf.data.Dataset.from_tensor_slices((x[0], y[0])).batch(3).map(
+        lambda a, b: modern_cifar.spread_short_batch(a, b, strategy.num_replicas_in_sync))
+    return strategy.experimental_distribute_dataset(dataset).element_spec
 
 
-def legacy_gradients(g, x, y, **kw):
-    (losses, total, grads), dropped = legacy_run(
-        g, x, y, fetches=(g.tower_losses, g.total_loss, [gv[0] for gv in g.grads]), **kw)
-    return losses, total, {v.op.name: gr for gr, (_, v) in zip(grads, g.grads)}, dropped
+def set_modern_state(modern, state):
+    """Weights and moving statistics, Adam slots and the step counter, in one traced call (one
+    eager assign per mirrored variable would cost a second or two per state)."""
+    names = sorted(state["weights"])
+    slot_names = sorted(state["slots_for"])
+    key = (tuple(names), tuple(slot_names))
+    if modern.setter is None or modern.setter[0] != key:
+        targets = [modern.names[n] for n in names]
+        for n in slot_names:
+            targets += list(modern_cifar.adam_slots(modern.optimizer, modern.names[n]))
+        targets.append(modern.optimizer.iterations)
+
+        @tf.function
+        def assign_all(values):
+            with modern.strategy.scope():
+                for target, value in zip(targets, values):
+                    target.assign(value)
+
+        modern.setter = (key, assign_all)
+    values = [state["weights"][n] for n in names]
+    for n in slot_names:
+        values += list(state["slots"][n])
+    values.append(np.int64(state["step"]))
+    modern.setter[1](values)
 
 
-def empty_tower_outcome(g, x, y, fetch="total", **kw):
-    """Run a batch that leaves some legacy tower empty: (loss(es), failure text or '', dropped rows).
-
-    The prediction for an empty tower is a failed step: reduce_mean over no rows is NaN (GPU and
-    Eigen CPU kernels), or, with this CPU build's oneDNN kernels, Conv2D mishandles the empty batch
-    and the next op raises InvalidArgumentError (legacy/cifar_resnet.py, ONEDNN_NOTE).  Either
-    outcome confirms the prediction; a finite loss refutes it.
-    """
-    fetches = (g.tower_losses,) if fetch == "towers" else (g.total_loss,)
-    try:
-        (value,), dropped = legacy_run(g, x, y, fetches=fetches, **kw)
-        return value, "", dropped
-    except tf.errors.InvalidArgumentError as error:
-        cut = legacy_cifar.tower_split(g, len(x), kw.get("split"), kw.get("static_batch_size"))
-        return None, f"step failed on the empty towers ({str(error).splitlines()[0][:60]}...)", cut.dropped
+def modern_slots(modern, names):
+    return {n: tuple(s.numpy() for s in modern_cifar.adam_slots(modern.optimizer, modern.names[n])) for n in names}
 
 
-def grad_errors(legacy, modern):
-    """Per-variable errors, each relative to max(its own norm, its even share of the total norm)."""
-    floors = share_floors(modern)
-    return [tensor_error(n, legacy[n], modern[n], floors[n]) for n in legacy]
+def modern_masks(modern, element):
+    """The dropout masks the next training step will draw, one per replica (1 kept, 0 dropped).
+
+    The model's own dropout layer is called on ones, with each replica's row count, from the seed
+    the step is about to use; then the seed is put back, so the step draws the same masks."""
+    state = modern.model.dropout.seed_generator.state
+    before = state.numpy()
+    masks = [(m != 0).astype(np.float32) for m in common.local(modern.strategy, draw_masks(modern, element))]
+    state.assign(before)
+    return masks
+
+
+def draw_masks(modern, element):
+    """The model's dropout layer in training mode on ones [rows, 2048], on every replica (rows: the
+    replica's rows of `element`); advances the layer's seed as a training step does."""
+    if modern.draw is None:
+        @tf.function(reduce_retracing=True)
+        def draw(dist):
+            with modern.strategy.scope():
+                return modern.strategy.run(
+                    lambda x, *_: modern.model.dropout(tf.ones([tf.shape(x)[0], FEATURES]), training=True),
+                    args=dist)
+        modern.draw = draw
+    return modern.draw(element)
+
+
+def modern_train(modern, x, y, state):
+    """One training step of the program's own train step from `state`: (loss, metrics, masks, rows)."""
+    set_modern_state(modern, state)
+    element, rows = distribute(modern.strategy, x, y)
+    masks = modern_masks(modern, element)
+    loss, metrics = modern.train_step(element)
+    return float(loss), {k: v.numpy() for k, v in metrics.items()}, masks, rows
+
+
+def one_minus(beta):
+    """1 - beta as TF1's ApplyAdam kernel takes it: in float32 (1 - 0.999f = 0.00099998713, 1.3e-5
+    below 0.001; Keras' own Adam rounds 1 - beta taken in float64: a real, tiny TF1/Keras difference)."""
+    return float(np.float32(1) - np.float32(beta))
+
+
+def gradients_from_slots(before, after, beta_1):
+    """The gradient an Adam step applied:  m_after = m_before + (g - m_before) * (1 - beta1)."""
+    return {n: before[n][0].astype(np.float64) + (after[n][0].astype(np.float64) - before[n][0]) / one_minus(beta_1)
+            for n in after}
+
+
+def modern_gradients(h, x, y):
+    """(loss, {TF1 name: gradient read out of the train step}, masks, rows) from the start state
+    with zero Adam slots, so that the step's m slot holds (1 - beta1) * g."""
+    state = start_state(h)
+    loss, metrics, masks, rows = modern_train(h.modern, x, y, state)
+    grads = gradients_from_slots(state["slots"], modern_slots(h.modern, state["slots_for"]),
+                                 h.modern.optimizer.beta_1)
+    return loss, grads, masks, rows
+
+
+def row_masks(masks):
+    """Per-replica masks -> one mask per row of the global batch (replica i holds the next rows)."""
+    return np.concatenate(masks)
+
+
+def start_state(h):
+    """The common start: the start checkpoint's weights, zero Adam slots, step 0."""
+    reader = tf.train.load_checkpoint(h.legacy.start_path)
+    weights = {n: reader.get_tensor(n) for n in h.legacy.model_variables}
+    zero = {n: (np.zeros_like(weights[n]), np.zeros_like(weights[n])) for n in h.legacy.trainable}
+    beta_1, beta_2 = h.modern.optimizer.beta_1, h.modern.optimizer.beta_2
+    return {"weights": weights, "slots": zero, "slots_for": sorted(h.legacy.trainable), "step": 0,
+            "powers": (np.float32(beta_1), np.float32(beta_2))}  # TF1's beta powers start at beta
 
 
 # ---------------------------------------------------------------------------------------------
 # Checks
 
-def check_variables(g, m):
+def grad_errors(legacy, modern, names=None):
+    """Per-variable errors, each relative to max(its own norm, its even share of the total norm)."""
+    names = sorted(names or legacy)
+    floors = share_floors({n: modern[n] for n in names})
+    return [tensor_error(n, legacy[n], modern[n], floors[n]) for n in names]
+
+
+def check_config(h):
+    """Both programs parse the same defaults (and the same non-default command line) to the same
+    settings, and build what those settings say: dropout rate, batch-norm decay and epsilon."""
+    errors, differ = [], []
+    extra = ["--boundaries", "3", "7", "--values", "0.002", "0.0005", "0.0001", "--keep_prob", "0.5",
+             "--batch_size", "24", "--epochs", "3", "--valid_every", "7"]
+    for argv in ([], extra):
+        la = legacy_cifar.parse_args(["--num_towers", "3", *argv])
+        ma = modern_cifar.parse_args(["--num_replicas", "3", *argv])
+        for key in ("batch_size", "valid_batch_size", "epochs", "shuffle_buffer", "boundaries", "values",
+                    "keep_prob", "log_every", "valid_every", "max_steps"):
+            if getattr(la, key) != getattr(ma, key):
+                differ.append(f"{key}: legacy {getattr(la, key)} vs modern {getattr(ma, key)}")
+        if la.num_towers != ma.num_replicas:
+            differ.append("tower count")
+    for key in ("EMBEDDED_PROFILE", "ORIGINAL_PROFILE"):
+        if getattr(legacy_cifar, key) != getattr(modern_cifar, key):
+            differ.append(key)
+    model = h.modern.model
+    built = {"dropout rate": (1 - h.legacy.args.keep_prob, model.dropout.rate)}
+    bns = [model.postnorm] + [bn for units in model.blocks for u in units for bn in (u.preact, u.conv1_bn, u.conv2_bn)]
+    built["bn decay"] = (SLIM_BN["batch_norm_decay"], max(abs(b.momentum - SLIM_BN["batch_norm_decay"]) for b in bns)
+                         + SLIM_BN["batch_norm_decay"])
+    built["bn epsilon"] = (SLIM_BN["batch_norm_epsilon"], max(abs(b.epsilon - SLIM_BN["batch_norm_epsilon"]) for b in bns)
+                           + SLIM_BN["batch_norm_epsilon"])
+    eps_l = {node.attr["epsilon"].f for fn in h.legacy.graph.as_graph_def().library.function
+             for node in fn.node_def if node.op == "FusedBatchNormV3"}  # inside the conds' branches
+    built["legacy bn epsilon in graph"] = (SLIM_BN["batch_norm_epsilon"], max(eps_l))
+    errors = [tensor_error(k, np.float32(b), np.float32(a)) for k, (a, b) in built.items()]
+    return judge("configuration (parsed defaults)", MODEL, errors, "exact", ok=not differ and all(
+        e.max_abs == 0 for e in errors), note=(f"legacy and modern parse_args agree on defaults and on {len(extra)} "
+                                               f"non-default arguments; dropout, {len(bns)} batch norms as slim's"
+                                               if not differ else "differ: " + "; ".join(differ[:5])))
+
+
+def check_variables(h):
     """Same variables after name mapping: names, shapes, trainable; tower 2+ created nothing."""
-    legacy = {n: (tuple(v.shape.as_list()), n in g.trainable) for n, v in g.model_variables.items()}
-    trainable_m = {id(v) for v in m.model.trainable_variables}
-    modern = {n: (tuple(v.shape), id(v) in trainable_m) for n, v in m.names.items()}
-    duplicated = [n for n in g.all_names if n.startswith("resnet_v2_50_") or n.startswith("Logits_")]
-    differ = sorted(set(legacy.items()) ^ set(modern.items()))
-    ok = not differ and not duplicated and len(legacy) == len(m.model.variables) - _rng_state_count(m.model)
-    note = (f"{len(legacy)} variables ({sum(t for _, t in legacy.values())} trainable), one set for "
-            f"{len(g.tower_losses)} towers" if ok else f"differ: {differ[:6]} duplicated: {duplicated[:6]}")
+    legacy, modern = h.legacy, h.modern
+    all_names = [v.op.name for v in legacy.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)]
+    ours = {n: (tuple(v.shape.as_list()), n in legacy.trainable) for n, v in legacy.model_variables.items()}
+    trainable_m = {id(v) for v in modern.model.trainable_variables}
+    theirs = {n: (tuple(v.shape), id(v) in trainable_m) for n, v in modern.names.items()}
+    duplicated = [n for n in all_names if n.startswith("resnet_v2_50_") or n.startswith("Logits_")]
+    differ = sorted(set(ours.items()) ^ set(theirs.items()))
+    rng_state = sum("seed_generator" in v.path for v in modern.model.variables)
+    ok = not differ and not duplicated and len(ours) == len(modern.model.variables) - rng_state
+    note = (f"{len(ours)} variables ({sum(t for _, t in ours.values())} trainable), one set for "
+            f"{len(legacy.ns.tower_losses)} towers" if ok else f"differ: {differ[:6]} duplicated: {duplicated[:6]}")
     return judge("variables", MODEL, [], "exact", ok=ok, note=note)
 
 
-def _rng_state_count(model):
-    return sum("seed_generator" in v.path for v in model.variables)
+def check_inference(h, x, y):
+    """Inference (is_training False, keep_prob 1 as the program's validation feeds): the legacy
+    towers' logits against the model's, and the modern `make_eval_step` sums against the legacy
+    tower losses and argmax."""
+    legacy, modern = h.legacy, h.modern
+    state = start_state(h)
+    set_modern_state(modern, state)
+    set_legacy_state(legacy, state)
+    feed, _ = legacy_feed(legacy, x, y, training=False)
+    logits, losses = legacy.sess.run([legacy.ns.tower_logits, legacy.ns.tower_losses], feed)
+    logits = np.concatenate(logits)
+    b = len(x) // h.cfg.towers
+    ce_sum_l = sum(float(loss) * b for loss in losses)
+    correct_l = float(np.sum(np.argmax(logits, 1) == np.argmax(y[:len(logits)], 1)))
+    element, _ = distribute(modern.strategy, x, y)
+    ce_sum_m, correct_m, rows_m = (float(t) for t in modern.eval_step(element))
+    errors = [tensor_error("logits", logits, modern.model(x, training=False).numpy()),
+              tensor_error("eval_step: summed cross-entropy", ce_sum_l, ce_sum_m),
+              tensor_error("eval_step: correct", correct_l, correct_m),
+              tensor_error("eval_step: rows", len(x), rows_m)]
+    return judge("forward (inference) and eval step", MODEL, errors, "resnet")
 
 
-def check_inference(g, m, x, y):
-    """is_training False, keep_prob 1: logits of every row and the loss, from the moving statistics."""
-    (logits, loss), _ = legacy_run(g, x, y, training=False, fetches=(g.tower_logits, g.total_loss))
-    logits_m = m.model(x, training=False).numpy()
-    loss_m = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=logits_m)).numpy()
-    errors = [tensor_error("logits", np.concatenate(logits), logits_m), tensor_error("loss", loss, loss_m)]
-    return judge("forward (inference)", MODEL, errors, "resnet")
+def check_dropout(h, rows=4096):
+    """The two dropout layers in training mode on a large input of ones: each tower's kept fraction
+    is keep_prob within 5 sigma of binomial noise, the kept units are scaled by exactly
+    1 / keep_prob, and different towers draw different masks (independent masks agree on a
+    fraction kp^2 + (1 - kp)^2 of the units; identical ones on all)."""
+    legacy, modern = h.legacy, h.modern
+    kp = legacy.args.keep_prob
+    feed = {t: np.ones([rows, FEATURES], np.float32) for t in legacy.ns.pre_dropout}
+    feed[legacy.ns.keep_prob] = kp
+    out_l = legacy.sess.run(legacy.dropout_out, feed)
+    dist, _ = distribute(modern.strategy, np.zeros([rows * h.cfg.towers, 1, 1, 1], np.float32),
+                         np.zeros([rows * h.cfg.towers, NUM_CLASSES], np.float32))
+    out_m = common.local(modern.strategy, draw_masks(modern, dist))
+    n = rows * FEATURES
+    sigma = np.sqrt(kp * (1 - kp) / n)
+    agree_sigma = np.sqrt(0.25 / n)
+    errors, notes = [], []
+    for side, outs in (("legacy", out_l), ("modern", out_m)):
+        kept = [float(np.mean(o != 0)) for o in outs]
+        scale = {float(v) for o in outs for v in np.unique(o[o != 0])}
+        errors.append(tensor_error(f"{side} kept fraction (5 sigma = {5 * sigma:.1e})",
+                                   np.array(kept), np.full(len(kept), kp)))
+        errors.append(tensor_error(f"{side} kept value 1/keep_prob", max(scale), np.float32(1 / kp)))
+        errors.append(tensor_error(f"{side} kept value 1/keep_prob (min)", min(scale), np.float32(1 / kp)))
+        agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0))) for i, j in itertools.combinations(range(len(outs)), 2)]
+        if agree:
+            errors.append(tensor_error(f"{side} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
+                                       np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2)))
+        notes.append(f"{side} kept {np.round(kept, 4).tolist()}")
+    ok = all(e.max_abs <= 5 * sigma for e in errors if "kept fraction" in e.name) and all(
+        e.max_abs <= 5 * agree_sigma for e in errors if "agreement" in e.name) and all(
+        e.max_rel <= 2 * EPS32 for e in errors if "kept value" in e.name)
+    return judge("dropout (training mode)", MODEL, errors, "resnet", ok=ok,
+                 note=f"keep_prob {kp}, {rows}x{FEATURES} units per tower: " + "; ".join(notes))
 
 
-def check_training(g, m, x, y, keep_prob):
-    """Batch statistics per tower: tower losses, their mean, and every averaged gradient.
-
-    keep_prob 1, then keep_prob < 1 with one dropout mask imposed on both sides (the legacy
-    dropout's uniform noise is fed; the modern features are multiplied by the same mask).
-    """
-    results = []
-    for kp in (1.0, keep_prob):
-        # A 0/1 mask fed as the dropout's uniform noise: kept where noise >= 1 - keep_prob.
-        noise = None if kp == 1.0 else (np.random.RandomState(1).rand(len(x), 2048) < kp).astype(np.float32)
-        losses_l, total_l, grads_l, _ = legacy_gradients(g, x, y, keep_prob=kp, noise=noise)
-        losses_m, grads_m, rows = modern_gradients(m, x, y, noise=noise, keep_prob=kp)
-        tag = "keep_prob 1" if kp == 1.0 else f"keep_prob {kp}, same mask"
-        errors = [tensor_error(f"tower_{i}/loss", a, b) for i, (a, b) in enumerate(zip(losses_l, losses_m))]
-        errors.append(tensor_error("mean of tower losses", total_l, np.mean(losses_m)))
-        results.append(judge(f"forward (training, {tag})", MODEL, errors, "resnet",
-                             note=f"rows per tower {rows}"))
-        results.append(judge(f"gradients ({tag})", MODEL, grad_errors(grads_l, grads_m), "resnet",
-                             note=f"{len(grads_l)} variables, legacy average_gradients vs replica sum"))
-    return results
+def check_training(h, x, y):
+    """Training mode on one batch: the legacy total loss and averaged gradients (the program's
+    `total_loss` and `grads` tensors) against the modern train step's loss and the gradients read
+    out of its Adam slots, with the masks the modern dropout draws fed to the legacy towers."""
+    set_legacy_state(h.legacy, start_state(h))
+    loss_m, grads_m, masks, rows = modern_gradients(h, x, y)
+    loss_l, grads_l, _ = legacy_gradients(h.legacy, x, y, masks)
+    free = free_biases(h.legacy)
+    return [judge("forward (training, same dropout masks)", MODEL, [tensor_error("loss", loss_l, loss_m)],
+                  "resnet", note=f"rows per replica {rows}"),
+            judge("gradients (read out of the train step)", MODEL, grad_errors(grads_l, grads_m), "resnet",
+                  note=f"{len(grads_l)} variables ({len(free)} free conv biases: round-off only), legacy "
+                       f"average_gradients vs the step's Adam m / (1 - beta1)")]
 
 
-def check_training_steps(g, m, xs, ys):
-    """K Adam steps, each from one shared state: lr, loss, update of every weight, Adam slots, beta
-    powers, batch-norm moving statistics.
-
-    Before every step the modern model and optimizer are set to the legacy run's state (weights,
-    moving statistics, Adam m and v; the step counters agree by construction), then both take the
-    step and every resulting tensor is compared.  Left to run freely the two trajectories part
-    within three steps, and not because either is wrong: ResNet-v2-50 with 8 rows per tower
-    amplifies a one-ulp weight difference (TF1's ApplyAdam kernel and Keras' Adam round
-    differently) into ~1e-2 relative gradient differences in block1 (the same size as what a row
-    permutation does to one program, see README), and Adam passes that on.  From one shared state,
-    each step's formulas (schedule, Adam with its epsilon and bias correction, batch norm) are
-    checked at float32 round-off for all K steps.
-    The free conv biases (`free_biases`) are compared by `check_free_biases`, not here.
-    """
-    free = free_biases(g)
-    compared = [n for n in sorted(g.trainable) if n not in free]
-    index = {n: m.optimizer._get_variable_index(m.names[n]) for n in g.trainable}
-    slot_pairs = {n: (g.slots[f"{n}/Adam"], g.slots[f"{n}/Adam_1"]) for n in g.trainable}
-    losses_l, losses_m, lr_errors, errors, bn, drift = [], [], [], [], [], []
-    for k in range(len(xs)):
-        before, slots = g.sess.run([g.model_variables, slot_pairs])
-        for n, value in before.items():
-            m.names[n].assign(value)
-        for n, (mom, vel) in slots.items():
-            m.optimizer._momentums[index[n]].assign(mom)
-            m.optimizer._velocities[index[n]].assign(vel)
-        lr_l = g.sess.run(g.learning_rate)
-        lr_m = float(m.optimizer.learning_rate)
-        (loss_l, stats, _), _ = legacy_run(g, xs[k], ys[k], fetches=(g.total_loss, g.bn_stats, g.train_step))
-        element, _ = distribute(m, xs[k], ys[k])
-        losses_m.append(float(m.train_step(element)))
-        losses_l.append(float(loss_l))
-        lr_errors.append(tensor_error(f"lr step {k}", lr_l, lr_m))
-        after, slots_after = g.sess.run([g.model_variables, slot_pairs])
-        after_m = {n: v.numpy() for n, v in m.names.items()}
-        bn.append(({n: before[n] for n in g.moving}, {n: after[n] for n in g.moving},
-                   {n: before[n] for n in g.moving}, {n: after_m[n] for n in g.moving}, stats))
-        drift.append({n: (after[n], after_m[n]) for n in free})
-        if k == len(xs) - 1 or k == 0:
-            # Every tensor after the first and the last step: the update w - w_before, and the slots.
-            delta_l = {n: after[n] - before[n] for n in compared}
-            delta_m = {n: after_m[n] - before[n] for n in compared}
-            # The new weight is stored rounded to float32, so equal updates can still land one ulp
-            # of w apart: one ulp per element is allowed as exactly the tolerance (a late-schedule
-            # update of 1e-5 on a gamma near 1.0 is only ~80 ulps).
-            ulp = {n: np.linalg.norm(np.spacing(np.abs(before[n]))) / TOLERANCES["resnet"][0] for n in compared}
-            floors = {n: max(f, ulp[n]) for n, f in share_floors(delta_m).items()}
-            errors += [tensor_error(f"step {k}: {n} update", delta_l[n], delta_m[n], floors[n])
-                       for n in compared]
-            slots_m = {}
-            for n in compared:
-                slots_m[f"{n}/Adam"] = (slots_after[n][0], m.optimizer._momentums[index[n]].numpy())
-                slots_m[f"{n}/Adam_1"] = (slots_after[n][1], m.optimizer._velocities[index[n]].numpy())
-            floors = share_floors({n: v[1] for n, v in slots_m.items()})
-            errors += [tensor_error(f"step {k}: {n}", a, b, floors[n]) for n, (a, b) in slots_m.items()]
-    errors = [tensor_error(f"loss step {k}", a, b) for k, (a, b) in enumerate(zip(losses_l, losses_m))] + errors
-    # TF1 keeps beta^t as running products; Keras computes beta ** (iterations + 1).
-    b1, b2 = g.sess.run(g.beta_powers)
-    t = float(m.optimizer.iterations.numpy())
-    errors.append(tensor_error("beta1_power", b1, np.float32(m.optimizer.beta_1) ** np.float32(t + 1)))
-    errors.append(tensor_error("beta2_power", b2, np.float32(m.optimizer.beta_2) ** np.float32(t + 1)))
-    step_l = g.sess.run(g.global_step)
-    ok_step = int(step_l) == int(t) == len(xs)
-    return [
-        judge("lr schedule", MODEL, lr_errors, "exact", ok=all(e.max_abs == 0 for e in lr_errors),
-              note=f"boundaries {g.boundaries} crossed inside {len(xs)} steps"),
-        judge(f"{len(xs)} training steps", MODEL, errors, "resnet", ok=None if ok_step else False,
-              note=f"each step from one shared state: losses, updates of {len(compared)} weights and their "
-                   f"Adam m, v (first and last step), beta powers; global_step {int(step_l)} = iterations {int(t)}",
-              extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
-        check_bn_moving_stats(bn),
-        check_free_biases(g, m, drift[-1], xs[-1], ys[-1]),
-    ]
-
-
-def free_biases(g):
-    """The backbone conv biases: each feeds a batch norm (directly or through the residual stream
-    and max-pool), so in training mode the loss does not depend on them."""
-    return {n for n in g.trainable if n.startswith("resnet_v2_50/") and n.endswith("/biases")}
-
-
-def check_free_biases(g, m, last_drift, x, y):
-    """EXPECTED: the free conv biases take different steps, and the training-mode function does not care.
-
-    Prediction: the modern model's tower losses and logits in training mode are the same with
-    its own values of these biases after the last step and with the legacy ones.
-    """
-    names = sorted(last_drift)
-    differ = max(tensor_error(n, *last_drift[n]).rel_l2 for n in names)
-    saved = {n: m.names[n].numpy() for n in names}
-    results = []
-    for values in ({n: last_drift[n][1] for n in names}, {n: last_drift[n][0] for n in names}):
-        for n in names:
-            m.names[n].assign(values[n])
-        losses, _, _ = modern_gradients(m, x, y)
-        results.append(losses)
-    for n in names:
-        m.names[n].assign(saved[n])
-    errors = [tensor_error(f"tower_{i}/loss", a, b) for i, (a, b) in enumerate(zip(*results))]
-    return judge("free conv biases (zero gradient)", MODEL, errors, "resnet", expected=True,
-                 ok=differ > 0 and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors),
-                 note=f"{len(names)} backbone conv biases: their last Adam step differed (worst rel. L2 "
-                      f"{differ:.2g}); predicted: the training loss does not depend on them, and it does not")
-
-
-def predictions_legacy(before, stats):
-    """Every value slim's N per-tower updates can leave in a shared moving variable after one step.
-
-    Each tower runs  v <- v - (v - a_i) * (1 - d)  on the SAME variable (a_i: its batch statistic);
-    the N read-modify-write ops are unordered, so the result depends on the schedule:
-      in tower order, in reverse order, or all reading v before any writes
-      (v - (1-d) * sum_i (v - a_i)).
-    """
-    out = {}
-    for name, order in (("tower order", stats), ("reverse order", stats[::-1])):
-        v = before
-        for a in order:
-            v = v - (v - a) * (1 - DECAY)
-        out[name] = v
-    out["concurrent"] = before - (1 - DECAY) * sum(before - a for a in stats)
-    return out
-
-
-def check_bn_moving_stats(per_step):
-    """EXPECTED: legacy moves each moving statistic N times a step; modern once, by the mean.
-
-    Predictions, from the per-tower batch statistics a_i measured in the legacy run (identical to
-    the modern replicas' by the training-forward check) and each side's own value before the step:
-      legacy:  one of `predictions_legacy` (N sequential EMA updates of one shared variable)
-      modern:  v - (v - mean_i a_i) * (1 - d)   (Keras variable with aggregation MEAN)
-    Both use Bessel's n/(n-1) variance, as slim's fused batch norm does (modern.resnet_v2.SlimBatchNorm).
-    Compared as the update (after - before), relative to its own size, but with a floor: each side
-    stores v in float32 after up to N + 1 roundings (N tower updates, or N proposals and their
-    mean), so N + 1 ulps of v per element count as exactly the tolerance.  Without the floor a
-    trained model, whose moving means sit close to the batch means, makes the update a small
-    difference of near-equal numbers, and its relative error meaningless.
-    """
-    errors, schedules = [], {}
-    for k, (before_l, after_l, before_m, after_m, stats) in enumerate(per_step):
-        for name in sorted(before_l):
-            scope, kind = name.rsplit("/", 1)
-            idx = 0 if kind == "moving_mean" else 1
-            towers_n = sorted(t for t, s in stats if s == scope)
-            a = [np.asarray(stats[(t, scope)][idx], np.float64) for t in towers_n]
-            floor = (len(a) + 1) * np.linalg.norm(np.spacing(np.abs(before_l[name]))) / TOLERANCES["resnet"][0]
-            preds = predictions_legacy(np.asarray(before_l[name], np.float64), a)
-            best = min(preds, key=lambda p: tensor_error("", after_l[name] - before_l[name],
-                                                         preds[p] - before_l[name]).rel_l2)
-            schedules[best] = schedules.get(best, 0) + 1
-            errors.append(tensor_error(f"legacy {name} step {k} ({best})", after_l[name] - before_l[name],
-                                       preds[best] - before_l[name], floor))
-            modern_pred = before_m[name] - (before_m[name] - np.mean(a, axis=0)) * (1 - DECAY)
-            errors.append(tensor_error(f"modern {name} step {k}", after_m[name] - before_m[name],
-                                       modern_pred - before_m[name], floor))
-    note = ("legacy: N sequential updates of one shared variable per step (schedules seen: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(schedules.items()))
-            + "); modern: one update by the mean over replicas")
-    return judge("bn moving statistics", MODEL, errors, "resnet", expected=True, note=note)
-
-
-def check_splits(g, m, x, y, cfg):
-    """Batch splits: even, short last, remainder, fewer rows than towers, the static bug."""
-    n = cfg.towers
-    results = []
-    b = len(x) // n
-
-    # The short last batch of an epoch: fewer rows, still a multiple of the towers.
-    short = (n * (b - 1))
-    losses_l, _, grads_l, dropped = legacy_gradients(g, x[:short], y[:short])
-    losses_m, grads_m, rows = modern_gradients(m, x[:short], y[:short])
-    errors = [tensor_error(f"tower_{i}/loss", a, c) for i, (a, c) in enumerate(zip(losses_l, losses_m))]
-    results.append(judge("split: short last batch", MODEL, errors + grad_errors(grads_l, grads_m), "resnet",
-                         note=f"{short} rows: legacy current_batch_size {short // n}, modern rows {rows}, "
-                              f"dropped {dropped}"))
-
-    # Rows not a multiple of the towers: the legacy fix drops the remainder.
-    odd = n * b - 1 if n > 1 else n * b
-    _, total_l, grads_l, dropped = legacy_gradients(g, x[:odd], y[:odd])
-    kept = (odd // n) * n
-    _, grads_kept, rows_kept = modern_gradients(m, x[:kept], y[:kept])
-    _, grads_all, rows_all = modern_gradients(m, x[:odd], y[:odd])
-    errors = grad_errors(grads_l, grads_kept)
-    differs = max(tensor_error(k, grads_l[k], grads_all[k]).rel_l2 for k in grads_l) > 1e-3
-    results.append(judge("split: remainder dropped", MODEL, errors, "resnet", expected=True,
-                         ok=(dropped == odd - kept and differs
-                             and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors)),
-                         note=f"{odd} rows: legacy drops {dropped} (predicted {odd - kept}); legacy = modern on "
-                              f"the {kept} rows it keeps {rows_kept}; modern uses all {odd} rows {rows_all}"))
-
-    # The corrected legacy split loses nothing and equals the modern replicas on uneven rows.
-    gw = cfg.weighted_graph()
-    _, total_w, grads_w, dropped_w = legacy_gradients(gw, x[:odd], y[:odd], split="weighted")
-    errors = grad_errors(grads_w, grads_all)
-    results.append(judge("split: --split=weighted (uneven)", MODEL, errors, "resnet",
-                         note=f"{odd} rows, legacy weighted towers vs modern replicas {rows_all}, dropped {dropped_w}"))
-
-    # Fewer rows than towers (n > 1): the legacy fix gives every tower rows // n = 0 rows -> NaN.
-    few = n - 1 if n > 1 else 1
-    total_l, failure, dropped = empty_tower_outcome(g, x[:few], y[:few])
-    losses_m, grads_m, rows = modern_gradients(m, x[:few], y[:few])
-    _, _, grads_wf, _ = legacy_gradients(gw, x[:few], y[:few], split="weighted")
-    finite_m = all(np.all(np.isfinite(v)) for v in grads_m.values())
-    errors = grad_errors(grads_wf, grads_m)
-    results.append(judge("split: fewer rows than towers", MODEL, errors, "resnet", expected=True,
-                         ok=(n > 1 and (bool(failure) or np.isnan(total_l)) and dropped == few and finite_m
-                             and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors)),
-                         note=f"{few} row(s) on {n} towers: legacy fix {failure or f'loss {total_l}'} "
-                              f"(predicted: {dropped} rows dropped, empty towers); modern finite, rows {rows}, "
-                              f"= legacy --split=weighted"))
-
-    # The seed's bug: a constant per-tower size on a short last batch leaves a tower empty -> NaN.
-    static = b
-    short_rows = max(n, b)  # <= static rows: every tower after the first gets an empty slice
-    cut = towers.split_rows(short_rows, n, "static", static)
-    tower_losses, failure, _ = empty_tower_outcome(g, x[:short_rows], y[:short_rows], split="static",
-                                                   static_batch_size=static, fetch="towers")
-    nan_towers = cut.empty if failure else [i for i, v in enumerate(tower_losses) if np.isnan(v)]
-    losses_m, _, rows = modern_gradients(m, x[:short_rows], y[:short_rows])
-    results.append(judge("split: --split=static (seed bug)", MODEL, [], "exact", expected=True,
-                         ok=nan_towers == cut.empty and bool(nan_towers) and np.all(np.isfinite(losses_m)),
-                         note=f"{short_rows} rows, constant {static} per tower: "
-                              + (failure or f"NaN towers {nan_towers}")
-                              + f" (predicted empty towers {cut.empty}); modern finite, rows {rows}"))
-    return results
-
-
-def check_checkpoint_round_trip(g, m, tmp_dir):
+def check_checkpoint_round_trip(h):
     """The legacy Saver's checkpoint -> modern model -> TF1 checkpoint: every tensor bit-exact."""
-    checkpoints.load_tf1_checkpoint(m.model, g.start_path)
-    back = checkpoints.save_tf1_checkpoint(m.model, os.path.join(tmp_dir, "cifar_back.ckpt"))
-    src, dst = tf.train.load_checkpoint(g.start_path), tf.train.load_checkpoint(back)
+    checkpoints.load_tf1_checkpoint(h.modern.model, h.legacy.start_path)
+    back = checkpoints.save_tf1_checkpoint(h.modern.model, os.path.join(h.tmp_dir, "cifar_back.ckpt"))
+    src, dst = tf.train.load_checkpoint(h.legacy.start_path), tf.train.load_checkpoint(back)
     names = sorted(src.get_variable_to_shape_map())
     same = sorted(dst.get_variable_to_shape_map()) == names
     errors = [tensor_error(n, dst.get_tensor(n), src.get_tensor(n)) for n in names] if same else []
-    exact = same and all(np.array_equal(dst.get_tensor(n), src.get_tensor(n)) for n in names)
+    exact = same and len(names) == len(h.legacy.model_variables) and all(
+        np.array_equal(dst.get_tensor(n), src.get_tensor(n)) for n in names)
     return judge("checkpoint round trip", MODEL, errors, "exact", ok=exact,
                  note=f"{len(names)} tensors TF1 -> modern -> TF1, compared bit for bit")
 
 
+def check_pipelines(h):
+    """Both programs' own `make_datasets` on the same TFRecords (shuffle_buffer 1: the file order):
+    every batch of both epochs, the short last batch and validation included, bit for bit; the
+    modern weights as `spread_short_batch` predicts them from the row counts."""
+    legacy, n = h.legacy, h.cfg.towers
+    iterator, images, labels, val_iterator, val_images, val_labels = legacy.data
+    legacy.sess.run([iterator.initializer, val_iterator.initializer])
+    out_l = {"train": [], "valid": []}
+    for key, fetch in (("train", (images, labels)), ("valid", (val_images, val_labels))):
+        while True:
+            try:
+                out_l[key].append(legacy.sess.run(fetch))
+            except tf.errors.OutOfRangeError:
+                break
+    train_ds, val_ds = modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], PIPELINE["batch_size"],
+                                                  PIPELINE["valid_batch_size"], PIPELINE["shuffle_buffer"],
+                                                  PIPELINE["epochs"], num_replicas=n)
+    errors, problems = [], []
+    for key, dataset in (("train", train_ds), ("valid", val_ds)):
+        batches_m = [tuple(t.numpy() for t in element) for element in dataset]
+        if len(batches_m) != len(out_l[key]):
+            problems.append(f"{key}: {len(out_l[key])} legacy batches vs {len(batches_m)} modern")
+            continue
+        for k, ((xl, yl), (xm, ym, wm)) in enumerate(zip(out_l[key], batches_m)):
+            copies = n if len(xl) < n else 1  # spread_short_batch's prediction from the row count
+            errors += [tensor_error(f"{key} batch {k} images", np.tile(xl, [copies, 1, 1, 1]), xm),
+                       tensor_error(f"{key} batch {k} labels", np.tile(yl, [copies, 1]), ym),
+                       tensor_error(f"{key} batch {k} weights", np.full(len(xl) * copies, 1.0 / copies), wm)]
+    sizes = [len(b[0]) for b in out_l["train"]]
+    return judge("input pipelines (make_datasets)", MODEL, errors, "exact",
+                 ok=not problems and bool(errors) and all(e.max_abs == 0 for e in errors),
+                 note="; ".join(problems) or f"train batches {sizes}, valid {[len(b[0]) for b in out_l['valid']]}, "
+                                             f"shuffle_buffer 1, {PIPELINE['epochs']} epochs")
+
+
+def check_validation(h):
+    """EXPECTED: both programs' `validate` on the same weights and TFRecords.
+
+    Predictions from the per-row inference results (legacy logits, checked equal to the modern ones
+    by the inference check), for B rows per batch and N towers:
+      legacy (quirk kept): mean over batches of the accuracy of tower 0's B // N rows, and of the
+        LAST tower's mean loss;
+      modern: correct rows / all rows, summed cross-entropy / all rows.
+    """
+    legacy, modern, n = h.legacy, h.modern, h.cfg.towers
+    state = start_state(h)
+    set_modern_state(modern, state)
+    set_legacy_state(legacy, state)
+    _, _, _, val_iterator, val_images, val_labels = legacy.data
+    with tempfile.TemporaryDirectory() as events, legacy.graph.as_default():
+        writer = tf1.summary.FileWriter(events)
+        acc_l, loss_l = legacy_cifar.validate(legacy.sess, legacy.ns, val_iterator, val_images, val_labels,
+                                              writer, 0, "fix")
+        writer.close()
+    _, val_ds = modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], PIPELINE["batch_size"],
+                                           PIPELINE["valid_batch_size"], PIPELINE["shuffle_buffer"], 1, num_replicas=n)
+    acc_m, loss_m = modern_cifar.validate(modern.eval_step, modern.strategy.experimental_distribute_dataset(val_ds))
+    legacy.sess.run(val_iterator.initializer)
+    per_batch, hits, ces = [], [], []
+    while True:
+        try:
+            x, y = legacy.sess.run([val_images, val_labels])
+        except tf.errors.OutOfRangeError:
+            break
+        b = len(x) // n
+        if b == 0:
+            continue  # every tower empty: the program skips the batch
+        feed, _ = legacy_feed(legacy, x, y, training=False)
+        logits = np.concatenate(legacy.sess.run(legacy.ns.tower_logits, feed))
+        right = np.argmax(logits, 1) == np.argmax(y[:len(logits)], 1)
+        ce = tf.nn.softmax_cross_entropy_with_logits(labels=y[:len(logits)], logits=logits).numpy()
+        per_batch.append((np.mean(right[:b]), np.mean(ce[-b:])))
+        full = modern.model(x, training=False).numpy()
+        hits += list(np.argmax(full, 1) == np.argmax(y, 1))
+        ces += list(tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=full).numpy())
+    pred_l = np.mean(per_batch, axis=0)
+    errors = [tensor_error("legacy Valid_Acc", acc_l, pred_l[0]), tensor_error("legacy Valid_Loss", loss_l, pred_l[1]),
+              tensor_error("modern accuracy", acc_m, np.mean(hits)), tensor_error("modern loss", loss_m, np.mean(ces))]
+    differs = abs(pred_l[0] - np.mean(hits)) > 0 or abs(pred_l[1] - np.mean(ces)) > 1e-4
+    ok = differs and all(e.rel_l2 <= TOLERANCES["resnet"][0] for e in errors)
+    return judge("validation (validate)", MODEL, errors, "resnet", expected=True, ok=ok,
+                 note=f"legacy {acc_l:.4f} / {loss_l:.4f} (mean of per-batch tower-0 accuracy, last-tower loss), "
+                      f"modern {acc_m:.4f} / {loss_m:.4f} (over all {len(hits)} rows)")
+
+
+def free_biases(legacy):
+    """The backbone conv biases: each feeds a batch norm (directly or through the residual stream
+    and max-pool), so in training mode the loss does not depend on them: their gradient is 0 up
+    to round-off, which Adam turns into +-lr steps of arbitrary sign on both sides."""
+    return {n for n in legacy.trainable if n.startswith("resnet_v2_50/") and n.endswith("/biases")}
+
+
+def adam_prediction(w, m, v, lr, beta1_power, beta2_power, epsilon):
+    """TF1's ApplyAdam (and Keras' Adam) update, in float64, from the slots AFTER the step:
+        lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);   w <- w - lr_t * m / (sqrt(v) + epsilon)"""
+    lr_t = lr * np.sqrt(1 - beta2_power) / (1 - beta1_power)
+    return w.astype(np.float64) - lr_t * m.astype(np.float64) / (np.sqrt(v.astype(np.float64)) + epsilon)
+
+
+def check_training_steps(h, xs, ys, steps_at):
+    """Adam steps with the programs' default configuration, each from one shared state at global
+    step `steps_at[k]` (spanning every learning-rate boundary and far past the last).
+
+    Before every step the modern model and optimizer are set to the legacy program's state
+    (weights, moving statistics, Adam m and v, step counter; the legacy beta powers to beta^step,
+    what that many steps leave), both take one step with the same dropout masks, and then:
+      lr:    the legacy `learning_rate` against the rate the modern step reports using;
+      loss;  gradients: both read out of the Adam slots, legacy against modern;
+      Adam:  each side's new weights and v against the Adam formula on its own slots
+             (`adam_prediction`; epsilon 1e-8, the beta powers each side uses);
+      counters: global_step and iterations both advanced by one; beta powers.
+    Legacy and modern updates are not compared directly: Adam divides each element's gradient by
+    its own size, so where a true gradient is ~0 (the free conv biases) or merely tiny, a
+    round-off difference in g becomes a full +-lr difference in the step (with 3 towers the
+    legacy 1/3 of average_gradients and the modern 1/B scaling round differently).  Gradients
+    within tolerance, and both sides applying the same formula, is the parity Adam allows.
+    """
+    legacy, modern = h.legacy, h.modern
+    beta_1, beta_2, eps = modern.optimizer.beta_1, modern.optimizer.beta_2, 1e-8
+    names = sorted(legacy.trainable)
+    free = free_biases(legacy)
+    base = start_state(h)  # then each step from where the legacy program's previous step left it
+    losses_l, losses_m, lr_errors, grad_err, adam_err, count_err, bn = [], [], [], [], [], [], []
+    for k, step in enumerate(steps_at):
+        state = legacy_state(legacy) if k else base
+        # TF1's beta powers hold beta^(s + 1) at global step s (they start at beta, then x beta).
+        state.update(step=step, powers=(np.float32(beta_1) ** (step + 1), np.float32(beta_2) ** (step + 1)))
+        set_legacy_state(legacy, state)
+        state["slots_for"] = names
+        loss_m, metrics, masks, rows = modern_train(modern, xs[k], ys[k], state)
+        feed, _ = legacy_feed(legacy, xs[k], ys[k], masks)
+        loss_l, lr_l, stats, _ = legacy.sess.run([legacy.ns.total_loss, legacy.ns.learning_rate, legacy.bn_stats,
+                                                  legacy.ns.train_step], feed)
+        after_l = legacy_state(legacy)
+        after_m = {n: v.numpy() for n, v in modern.names.items()}
+        slots_m = modern_slots(modern, names)
+        losses_l.append(float(loss_l))
+        losses_m.append(loss_m)
+        lr_errors.append(tensor_error(f"lr at step {step}", lr_l, metrics["learning_rate"]))
+        g_l = gradients_from_slots(state["slots"], after_l["slots"], beta_1)
+        g_m = gradients_from_slots(state["slots"], slots_m, beta_1)
+        grad_err += [dataclasses.replace(e, name=f"step {step}: {e.name} gradient") for e in grad_errors(g_l, g_m)]
+        powers_l = [float(p) for p in state["powers"]]
+        t = int(modern.optimizer.iterations.numpy())
+        for side, w_after, slots, powers in (
+                ("legacy", after_l["weights"], after_l["slots"], powers_l),
+                ("modern", after_m, slots_m, [float(np.float32(beta_1) ** np.float32(t)),
+                                              float(np.float32(beta_2) ** np.float32(t))])):
+            lr = float(lr_l) if side == "legacy" else float(metrics["learning_rate"])  # each its own rate
+            for n in names:
+                w0 = state["weights"][n]
+                pred_w = adam_prediction(w0, slots[n][0], slots[n][1], lr, powers[0], powers[1], eps)
+                g = (g_l if side == "legacy" else g_m)[n]
+                pred_v = state["slots"][n][1] + (np.square(g) - state["slots"][n][1]) * one_minus(beta_2)
+                # g is read back from m in float32: (m_after - m_before) / (1 - beta1) carries the
+                # two slots' ulps times 10.
+                dg = (np.spacing(np.abs(slots[n][0])) + np.spacing(np.abs(state["slots"][n][0]))) / one_minus(beta_1)
+                v_floor = (np.linalg.norm(2 * np.abs(g) * dg * one_minus(beta_2))
+                           + 4 * np.linalg.norm(np.spacing(np.abs(pred_v).astype(np.float32))))
+                # Stored in float32: the new weight to within an ulp of w, the update's own float32
+                # arithmetic to a few ulps of itself; the update is the yardstick.
+                floor = np.linalg.norm(np.spacing(np.abs(w0).astype(np.float32))) + 8 * EPS32 * np.linalg.norm(pred_w - w0)
+                adam_err.append(tensor_error(f"{side} step {step}: {n} update", w_after[n] - w0, pred_w - w0,
+                                             floor / TOLERANCES["adam"][0]))
+                adam_err.append(tensor_error(f"{side} step {step}: {n} v", slots[n][1], pred_v,
+                                             v_floor / TOLERANCES["adam"][0]))
+        count_err += [tensor_error(f"step {step}: legacy global_step", after_l["step"], step + 1),
+                      tensor_error(f"step {step}: modern iterations", t, step + 1),
+                      tensor_error(f"step {step}: legacy beta powers", np.array(after_l["powers"], np.float64),
+                                   np.float32([beta_1, beta_2]) ** np.float64(step + 2))]
+        bn.append(({n: state["weights"][n] for n in legacy.moving}, {n: after_l["weights"][n] for n in legacy.moving},
+                   {n: after_m[n] for n in legacy.moving}, stats))
+    loss_err = [tensor_error(f"loss at step {s}", a, b) for s, a, b in zip(steps_at, losses_l, losses_m)]
+    counters_ok = all(e.max_abs == 0 for e in count_err if "beta" not in e.name) and all(
+        e.max_rel <= 64 * EPS32 for e in count_err if "beta" in e.name)
+    return [
+        judge("lr schedule (default boundaries)", MODEL, lr_errors, "exact", ok=all(e.max_abs == 0 for e in lr_errors),
+              note=f"rate used by each step at global steps {steps_at}; boundaries {legacy.args.boundaries}"),
+        judge(f"{len(steps_at)} training steps: loss and gradients", MODEL, loss_err + grad_err, "resnet",
+              note="each step from the legacy state, gradients read out of both steps' Adam slots",
+              extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
+        judge(f"{len(steps_at)} training steps: Adam on each side", MODEL, adam_err, "adam",
+              note=f"every weight's update and v, all {len(names)} variables ({len(free)} free conv biases "
+                   f"included), against the formula with epsilon {eps}"),
+        judge("step counters and beta powers", MODEL, count_err, "exact", ok=counters_ok,
+              note="legacy global_step and modern iterations +1 per step; TF1's running beta powers = beta^t"),
+        check_bn_moving_stats(bn, h.cfg.towers, SLIM_BN["batch_norm_decay"]),
+    ]
+
+
+def legacy_schedules(num_towers):
+    """The distinct ways N unordered read-modify-write updates of one variable can interleave.
+
+    Tower i reads v, computes delta_i = (v_read - a_i) * (1 - d), and atomically subtracts it
+    (AssignSubVariableOp).  Which earlier subtractions tower i's read sees is a set S_i; a schedule
+    is one consistent choice of S_0..S_N-1 over all orders of the 2N read/write events.  Returns a
+    list of (order of reads, tuple of S_i) with duplicates removed.
+    """
+    events = [(i, kind) for i in range(num_towers) for kind in "rw"]
+    seen = set()
+    out = []
+    for perm in itertools.permutations(range(2 * num_towers)):
+        order = [events[p] for p in perm]
+        if any(order.index((i, "r")) > order.index((i, "w")) for i in range(num_towers)):
+            continue
+        done, sets, reads = set(), {}, []
+        for i, kind in order:
+            if kind == "r":
+                sets[i] = frozenset(done)
+                reads.append(i)
+            else:
+                done.add(i)
+        key = tuple(sets[i] for i in range(num_towers))
+        if key not in seen:
+            seen.add(key)
+            out.append((tuple(reads), key))
+    return out
+
+
+_SCHEDULES = {}
+
+
+def predictions_legacy(before, stats, decay):
+    """Every value the N per-tower slim updates can leave in a shared moving variable after a step
+    (one per schedule of `legacy_schedules`):  v_after = v - sum_i (v_read_i - a_i) * (1 - d)."""
+    n = len(stats)
+    if n not in _SCHEDULES:
+        _SCHEDULES[n] = legacy_schedules(n)
+    preds = []
+    for reads, sets in _SCHEDULES[n]:
+        delta = {}
+        for i in reads:
+            delta[i] = (before - sum(delta[j] for j in sets[i]) - stats[i]) * (1 - decay)
+        preds.append(before - sum(delta.values()))
+    return preds
+
+
+def check_bn_moving_stats(per_step, num_towers, decay):
+    """EXPECTED (N > 1): legacy moves each moving statistic N times a step; modern once, by the mean.
+
+    Predictions, from the per-tower batch statistics a_i measured in the legacy step (the modern
+    replicas' equal them: the training-forward check) and the value v before the step:
+      legacy:  one of `predictions_legacy` (N unordered updates of one shared variable)
+      modern:  v - (v - mean_i a_i) * (1 - d)   (SlimBatchNorm, aggregation MEAN)
+    with slim's decay d, both with Bessel's n/(n-1) variance.  Compared as the update
+    (after - before), relative to its own size, with a floor: each side stores v in float32
+    after up to N + 1 roundings, so N + 1 ulps of v per element count as exactly the tolerance
+    (a trained model's update is a small difference of near-equal numbers).  With N > 1 the
+    modern update would FAIL the legacy prediction and vice versa (measured gap: see the note).
+    """
+    errors, schedules, gaps = [], {}, []
+    tol = TOLERANCES["resnet"][0]
+    for k, (before, after_l, after_m, stats) in enumerate(per_step):
+        for name in sorted(before):
+            scope, kind = name.rsplit("/", 1)
+            idx = 0 if kind == "moving_mean" else 1
+            a = [np.asarray(stats[(t, scope)][idx], np.float64) for t in range(num_towers)]
+            v = np.asarray(before[name], np.float64)
+            floor = (num_towers + 1) * np.linalg.norm(np.spacing(np.abs(before[name]))) / tol
+            preds = predictions_legacy(v, a, decay)
+            scored = [tensor_error("", after_l[name] - v, p - v, floor).rel_l2 for p in preds]
+            best = int(np.argmin(scored))
+            schedules[best] = schedules.get(best, 0) + 1
+            errors.append(tensor_error(f"legacy {name} step {k} (schedule {best})", after_l[name] - v,
+                                       preds[best] - v, floor))
+            modern_pred = v - (v - np.mean(a, axis=0)) * (1 - decay)
+            errors.append(tensor_error(f"modern {name} step {k}", after_m[name] - v, modern_pred - v, floor))
+            if num_towers > 1:
+                gaps.append(tensor_error("", modern_pred - v, preds[best] - v, floor).rel_l2)
+    distinct = num_towers == 1 or min(gaps) > tol
+    note = (f"legacy: {num_towers} unordered updates of one shared variable per step "
+            f"({len(_SCHEDULES.get(num_towers, [0]))} possible schedules, {len(schedules)} seen); modern: one "
+            f"update by the replicas' mean" + (f"; the two predictions differ by >= {min(gaps):.2g}" if gaps else ""))
+    ok = distinct and all(e.rel_l2 <= tol for e in errors)
+    return judge("bn moving statistics", MODEL, errors, "resnet", expected=num_towers > 1, ok=ok, note=note)
+
+
+def check_free_biases(h, x, y):
+    """The free conv biases: the training loss does not depend on them (modern train step with the
+    start values and with those biases moved by 100 * lr of random sign gives the same loss)."""
+    names = sorted(free_biases(h.legacy))
+    state = start_state(h)
+    rng = np.random.RandomState(h.cfg.seed)
+    moved = dict(state["weights"])
+    for n in names:
+        moved[n] = moved[n] + 0.1 * np.sign(rng.randn(*moved[n].shape)).astype(np.float32)
+    losses = []
+    for weights in (state["weights"], moved):
+        seed = h.modern.model.dropout.seed_generator.state.numpy()
+        losses.append(modern_train(h.modern, x, y, dict(state, weights=weights))[0])
+        h.modern.model.dropout.seed_generator.state.assign(seed)
+    return judge("free conv biases (zero gradient)", MODEL, [tensor_error("loss", losses[1], losses[0])], "resnet",
+                 note=f"{len(names)} backbone conv biases each moved by +-0.1: the training loss is the same "
+                      f"(their Adam steps are checked in 'Adam on each side')")
+
+
+def check_splits(h, x, y):
+    """Batch splits, with each prediction from the split arithmetic (b = rows per tower, N towers):
+    short last batch; uneven rows (the legacy fix drops odd % N of them, --split=weighted and the
+    modern program none); fewer rows than towers; the seed's static bug.  Dropout masks belong to
+    rows: the legacy towers get the masks the modern step drew for the same rows."""
+    n, b = h.cfg.towers, h.cfg.rows_per_tower
+    legacy, tol = h.legacy, TOLERANCES["resnet"][0]
+    free = free_biases(legacy)
+    results = []
+    set_legacy_state(legacy, start_state(h))
+
+    def errors_of(loss_l, grads_l, loss_m, grads_m):
+        return [tensor_error("loss", loss_l, loss_m)] + grad_errors(grads_l, grads_m)
+
+    # The short last batch of an epoch, still a multiple of the towers.
+    short = n * (b - 1)
+    loss_m, grads_m, masks, rows = modern_gradients(h, x[:short], y[:short])
+    loss_l, grads_l, dropped = legacy_gradients(legacy, x[:short], y[:short], row_masks(masks))
+    results.append(judge("split: short last batch", MODEL, errors_of(loss_l, grads_l, loss_m, grads_m), "resnet",
+                         note=f"{short} rows: modern rows {rows}, legacy current_batch_size {short // n}"))
+    if n == 1:
+        return results
+
+    # Uneven rows: the modern program and legacy --split=weighted use all of them ...
+    odd = n * b - 1
+    kept = (odd // n) * n
+    gw = weighted_graph(h)
+    loss_m, grads_all, masks, rows_all = modern_gradients(h, x[:odd], y[:odd])
+    loss_w, grads_w, dropped_w = legacy_gradients(gw, x[:odd], y[:odd], row_masks(masks))
+    results.append(judge("split: --split=weighted (uneven)", MODEL, errors_of(loss_w, grads_w, loss_m, grads_all),
+                         "resnet", note=f"{odd} rows: modern rows {rows_all}, legacy weighted towers, dropped {dropped_w}"))
+    # ... the legacy fix drops the last odd % N: it equals the modern program on the rows it keeps,
+    # and differs from the modern program on all of them (same per-row masks).
+    _, grads_fix_all, _ = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks)[:kept])
+    gap = max(tensor_error(k, grads_fix_all[k], grads_all[k]).rel_l2 for k in grads_all if k not in free)
+    loss_m, grads_m, masks, rows = modern_gradients(h, x[:kept], y[:kept])
+    loss_l, grads_l, dropped = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks))
+    errors = errors_of(loss_l, grads_l, loss_m, grads_m)
+    results.append(judge("split: remainder dropped", MODEL, errors, "resnet", expected=True,
+                         ok=(dropped == odd - kept and gap > 10 * tol and all(e.rel_l2 <= tol for e in errors)),
+                         note=f"{odd} rows: legacy fix drops {dropped} (predicted odd % N = {odd - kept}) and equals "
+                              f"the modern step on its first {kept} rows; on all {odd} rows the modern step differs "
+                              f"from it by {gap:.2g} (> 10 x tolerance)"))
+
+    # Fewer rows than towers: every legacy fix tower gets few // N = 0 rows and fails (NaN, or this
+    # CPU build's oneDNN error); the modern program copies the rows to every replica at weight
+    # 1/N, which the legacy weighted graph computes when each tower is fed all rows at weight 1/N.
+    few = n - 1
+    outcome = empty_tower_outcome(legacy, x[:few], y[:few])
+    loss_m, grads_m, masks, rows = modern_gradients(h, x[:few], y[:few])
+    copies = ([0] * n, [few] * n, [1.0 / n] * n)
+    loss_w, grads_w, _ = legacy_gradients(gw, x[:few], y[:few], masks, cut=copies)
+    finite = np.isfinite(loss_m) and all(np.all(np.isfinite(g)) for g in grads_m.values())
+    errors = errors_of(loss_w, grads_w, loss_m, grads_m)
+    results.append(judge("split: fewer rows than towers", MODEL, errors, "resnet", expected=True,
+                         ok=outcome["failed"] == list(range(n)) and finite and all(e.rel_l2 <= tol for e in errors),
+                         note=f"{few} rows on {n} towers: legacy fix towers {outcome['failed']} failed "
+                              f"({outcome['how']}), predicted all (rows // N = 0); modern rows {rows}, finite, = "
+                              f"each legacy tower given all {few} rows at weight 1/{n}"))
+
+    # The seed's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty.
+    outcome = empty_tower_outcome(legacy, x[:b], y[:b], split="static")
+    predicted = [i for i in range(n) if i * b >= b]
+    loss_m, grads_m, _, rows = modern_gradients(h, x[:b], y[:b])
+    finite = np.isfinite(loss_m) and all(np.all(np.isfinite(g)) for g in grads_m.values())
+    results.append(judge("split: --split=static (seed bug)", MODEL, [], "exact", expected=True,
+                         ok=outcome["failed"] == predicted and finite,
+                         note=f"{b} rows, constant {b} per tower: legacy towers {outcome['failed']} failed "
+                              f"({outcome['how']}), predicted {predicted} (i * {b} >= {b}); modern rows {rows}, finite"))
+    return results
+
+
+def empty_tower_outcome(legacy, x, y, split="fix"):
+    """Run each legacy tower's loss on its own (the program's feed): which towers fail (NaN, or
+    this CPU build's oneDNN Conv2D error on an empty batch, legacy/cifar_resnet.py ONEDNN_NOTE)."""
+    feed, _ = legacy_feed(legacy, x, y, split=split)
+    failed, how = [], set()
+    for i, loss in enumerate(legacy.ns.tower_losses):
+        try:
+            if not np.isfinite(legacy.sess.run(loss, feed)):
+                failed.append(i)
+                how.add("NaN")
+        except tf.errors.InvalidArgumentError:
+            failed.append(i)
+            how.add("oneDNN error")
+    return {"failed": failed, "how": ", ".join(sorted(how)) or "none failed"}
+
+
+def weighted_graph(h):
+    """The legacy graph built with --split=weighted, same start (built on first use)."""
+    if h.weighted is None:
+        h.weighted = build_legacy(h.cfg, h.files, h.tmp_dir, split="weighted", start_path=h.legacy.start_path)
+    return h.weighted
+
+
+# ---------------------------------------------------------------------------------------------
+# The legacy program on TF1's runtime
+
+def check_tf1_runtime(h, x, y):
+    """The legacy graph on TF1's runtime (`--tf1_behavior`: ref variables, v1 control flow), run in
+    its own process by `compare/tf1_runtime.py` from the start checkpoint with the masks the modern
+    step drew: its loss and gradients against the modern step's (PASS), and one step's moving
+    statistics against `predictions_legacy` element by element (EXPECTED: with ref variables the
+    N towers' assign_sub ops on one shared variable are unordered and unlocked, so each element
+    may see its own schedule)."""
+    import subprocess
+    import sys
+    loss_m, grads_m, masks, _ = modern_gradients(h, x, y)
+    in_path, out_path = os.path.join(h.tmp_dir, "tf1_in.npz"), os.path.join(h.tmp_dir, "tf1_out.npz")
+    np.savez(in_path, x=x, y=y, masks=np.stack(masks), towers=h.cfg.towers, start=h.legacy.start_path,
+             keep_prob=h.legacy.args.keep_prob)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "compare.tf1_runtime", in_path, out_path], cwd=root,
+                          env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        return [judge("legacy on TF1's runtime", MODEL, [], "resnet", ok=False,
+                      note=f"compare/tf1_runtime.py failed: {tail}")]
+    out = np.load(out_path)
+    grads_l = {k[5:]: out[k] for k in out.files if k.startswith("grad:")}
+    errors = [tensor_error("loss", out["loss"], loss_m)] + grad_errors(grads_l, grads_m)
+    results = [judge("legacy on TF1's runtime: loss and gradients", MODEL, errors, "resnet",
+                     note=f"{len(grads_l)} gradients, legacy --tf1_behavior ({out['variable_class']}) vs the "
+                          f"modern train step")]
+    decay, n = SLIM_BN["batch_norm_decay"], h.cfg.towers
+    tol = TOLERANCES["resnet"][0]
+    bn_errors, picked = [], 0
+    for key in sorted(k for k in out.files if k.startswith("before:")):
+        name = key[len("before:"):]
+        scope, kind = name.rsplit("/", 1)
+        which = "mean" if kind == "moving_mean" else "variance"
+        v = out[key].astype(np.float64)
+        a = [out[f"{which}:{t}:{scope}"].astype(np.float64) for t in range(n)]
+        preds = np.stack(predictions_legacy(v, a, decay))
+        after = out[f"after:{name}"]
+        best = np.take_along_axis(preds, np.argmin(np.abs(preds - after), axis=0)[None], axis=0)[0]
+        picked += int(len(np.unique(np.argmin(np.abs(preds - after), axis=0))) > 1)
+        floor = (n + 1) * np.linalg.norm(np.spacing(np.abs(out[key]))) / tol
+        bn_errors.append(tensor_error(f"{name} (element-wise schedule)", after - v, best - v, floor))
+    results.append(judge("legacy on TF1's runtime: bn moving statistics", MODEL, bn_errors, "resnet",
+                         expected=n > 1, note=f"{len(bn_errors)} moving statistics, each element one of the "
+                                              f"{len(_SCHEDULES.get(n, [0]))} schedules of {n} unordered ref-variable "
+                                              f"updates; {picked} variables mixed schedules across elements"))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Free-running trajectories against the system's own sensitivity
+
+def check_free_running(h, xs, ys, factor=None):
+    """Both programs train freely for K steps from the same start; the legacy program trains again
+    from the start perturbed by one float32 ulp in every weight.  At every step the legacy-modern
+    distance of the weights must stay within `factor` times the legacy-perturbed distance (the
+    system's own sensitivity to round-off, measured in this run), or within float32 resolution.
+    Distances are relative to how far the legacy weights have moved: ||w_l - w_x|| / ||w_l - w_0||.
+    Catches what the restart check cannot: slow drift, optimizer state carried wrong from step to
+    step, a schedule that goes wrong between the checked steps.
+    """
+    factor = factor or FREE_RUN_FACTOR
+    legacy, modern = h.legacy, h.modern
+    names = sorted(legacy.trainable)
+    start = start_state(h)
+    w0 = np.concatenate([start["weights"][n].ravel() for n in names]).astype(np.float64)
+    perturbed = dict(start["weights"])
+    for n in names:
+        perturbed[n] = np.nextafter(perturbed[n], np.float32(np.inf))
+    set_modern_state(modern, start)
+    masks = []
+    losses_m = []
+    traj_m = []
+    for k in range(len(xs)):
+        element, _ = distribute(modern.strategy, xs[k], ys[k])
+        masks.append(modern_masks(modern, element))
+        loss, _ = modern.train_step(element)
+        losses_m.append(float(loss))
+        traj_m.append(np.concatenate([modern.names[n].numpy().ravel() for n in names]))
+    runs = {}
+    for label, weights in (("legacy", start["weights"]), ("perturbed", perturbed)):
+        set_legacy_state(legacy, dict(start, weights=weights))
+        runs[label] = ([], [])
+        for k in range(len(xs)):
+            feed, _ = legacy_feed(legacy, xs[k], ys[k], masks[k])
+            loss, _ = legacy.sess.run([legacy.ns.total_loss, legacy.ns.train_step], feed)
+            runs[label][0].append(float(loss))
+            runs[label][1].append(np.concatenate([v.ravel() for v in legacy.sess.run(
+                [legacy.model_variables[n] for n in names])]))
+    errors, ratios, rows = [], [], []
+    resolution = np.linalg.norm(np.spacing(np.abs(w0).astype(np.float32)))
+    for k in range(len(xs)):
+        wl, wp, wm = runs["legacy"][1][k], runs["perturbed"][1][k], traj_m[k]
+        moved = np.linalg.norm(wl - w0)
+        d_m = np.linalg.norm(wl - wm) / moved
+        d_p = max(np.linalg.norm(wl - wp), resolution) / moved
+        ratios.append(d_m / d_p)
+        rows.append((k, d_m, d_p))
+        # max_abs: the legacy-modern distance; max_rel: its ratio to the chaos floor; rel_l2: the
+        # ratio over the allowed factor (the "chaos" tolerance is 1).
+        errors.append(TensorError(f"step {k}: legacy-modern / legacy-perturbed distance", d_m, d_m / d_p,
+                                  d_m / d_p / factor))
+    ok = all(r <= factor for r in ratios) and all(np.isfinite(runs["legacy"][0] + losses_m))
+    worst = int(np.argmax(ratios))
+    return judge(f"{len(xs)} free-running steps (chaos floor)", MODEL, errors, "chaos", ok=ok,
+                 note=f"worst step {worst}: legacy-modern {rows[worst][1]:.3g} vs legacy-perturbed "
+                      f"{rows[worst][2]:.3g} (ratio {ratios[worst]:.2f}, allowed {factor}); last step ratio "
+                      f"{ratios[-1]:.2f}",
+                 extra={"losses": {"legacy": runs["legacy"][0], "modern": losses_m,
+                                   "perturbed": runs["perturbed"][0]},
+                        "distances": {"modern": [r[1] for r in rows], "perturbed": [r[2] for r in rows]}})
+
+
+# Measured on correct code (2 CPU cores, 8 rows per tower): see compare/README.md.
+FREE_RUN_FACTOR = 2.0
+
+
 # ---------------------------------------------------------------------------------------------
 
-def default_config(towers_n=2, steps=10, seed=0, quick=False, checkpoint=None):
-    cfg = SimpleNamespace(
-        towers=towers_n, steps=steps, seed=seed, checkpoint=checkpoint, quick=quick,
-        # 8 rows per tower: batch norm at block4's 1x1 maps normalises over the tower's rows only,
-        # and with 2 rows the training forward pass amplifies float32 round-off past 1e-1.
-        # (Both sides run the same fused kernel, so they agree even at 2 rows; but the training
-        # loss's own sensitivity to round-off, which check_free_biases measures, needs 8.)
-        rows_per_tower=8, keep_prob=0.6,
-        # The seed's values, with boundaries moved inside the K steps so both are crossed.
-        boundaries=[max(1, steps // 3), max(2, 2 * steps // 3)], values=[0.001, 0.0001, 0.00001],
-        make_optimizer=modern_cifar.make_optimizer, model_fn=None)
+def default_config(towers_n=2, steps=None, seed=0, quick=False, checkpoint=None):
+    cfg = Config(towers=towers_n, seed=seed, quick=quick, checkpoint=checkpoint)
+    if quick:
+        cfg.steps, cfg.free_steps, cfg.tf1_runtime = 4, 6, False
+    if steps is not None:
+        cfg.steps = steps
     return cfg
+
+
+def steps_spanning(boundaries, count):
+    """`count` global steps for the restart check: each boundary b and b + 1 (the rate changes
+    between them), far past the last boundary, and step 0; the crossings first when count is short."""
+    far = 4 * boundaries[-1]
+    wanted = [b + 1 for b in boundaries] + [far] + list(boundaries) + [0]
+    while len(wanted) < count:
+        wanted.append(far + len(wanted))
+    return sorted(wanted[:count])
 
 
 def setup(cfg, tmp_dir, log=print):
     """The legacy graph and the modern model, from the same start; the batches of the checks."""
     strategy = common.make_strategy(cfg.towers)
-    xs, ys = make_batches(cfg.steps + 1, cfg.towers * cfg.rows_per_tower, cfg.seed)
+    xs, ys = make_batches(max(cfg.steps, cfg.free_steps) + 1, cfg.towers * cfg.rows_per_tower, cfg.seed)
+    files = write_records(tmp_dir, cfg.seed)
     log(f"cifar: building the legacy graph ({cfg.towers} towers) and the modern model ({cfg.towers} replicas)")
-    g = build_legacy(cfg, tmp_dir)
-    g.boundaries = cfg.boundaries
+    legacy = build_legacy(cfg, files, tmp_dir)
     log("cifar: legacy graph built; building the modern model")
-    m = build_modern(cfg, strategy, g.start_path)
-    weighted = {}
-
-    def weighted_graph():
-        """The legacy graph built with --split=weighted, same start (built on first use)."""
-        if "g" not in weighted:
-            graph = tf1.Graph()
-            with graph.as_default():
-                gw = legacy_cifar.build_graph(num_towers=cfg.towers, split="weighted",
-                                              boundaries=cfg.boundaries, values=cfg.values)
-                saver = tf1.train.Saver(var_list=slim.get_model_variables())
-                init = tf1.global_variables_initializer()
-                gw.sess = common.legacy_session(graph, cfg.towers, legacy_cifar.session_config(cfg.towers))
-                gw.sess.run(init)
-                saver.restore(gw.sess, g.start_path)
-            weighted["g"] = gw
-        return weighted["g"]
-
-    cfg.weighted_graph = weighted_graph
-    return SimpleNamespace(g=g, m=m, strategy=strategy, xs=xs, ys=ys, weighted=weighted)
+    modern = build_modern(cfg, strategy, legacy.start_path, tmp_dir)
+    return Harness(cfg=cfg, legacy=legacy, modern=modern, xs=xs, ys=ys, files=files, tmp_dir=tmp_dir)
 
 
 def close(h):
-    h.g.sess.close()
-    if h.weighted:
-        h.weighted["g"].sess.close()
+    h.legacy.sess.close()
+    if h.weighted is not None:
+        h.weighted.sess.close()
 
 
-def reset(h):
-    """Put the legacy session back at the start (weights, Adam slots, global_step)."""
-    h.g.sess.run(h.g.init)
-    with h.g.graph.as_default():
-        h.g.saver.restore(h.g.sess, h.g.start_path)
-
-
-def run(cfg, tmp_dir, log=print):
-    """All CIFAR checks; returns a list of Results."""
+def run(cfg, tmp_dir, log=print, only=GROUPS):
+    """The CIFAR checks (all groups by default); returns a list of Results."""
     h = setup(cfg, tmp_dir, log)
-    results = run_checks(h, cfg, tmp_dir, log)
-    close(h)
-    return results
+    try:
+        return run_checks(h, log, only)
+    finally:
+        close(h)
 
 
-def run_checks(h, cfg, tmp_dir, log=print):
-    g, m, xs, ys = h.g, h.m, h.xs, h.ys
-    results = [check_variables(g, m)]
-    log("cifar: forward passes and gradients")
-    results.append(check_inference(g, m, xs[-1], ys[-1]))
-    results += check_training(g, m, xs[-1], ys[-1], cfg.keep_prob)
-    results.append(check_checkpoint_round_trip(g, m, tmp_dir))
-    log("cifar: batch splits")
-    results += check_splits(g, m, xs[-1], ys[-1], cfg)
-    log(f"cifar: {cfg.steps} training steps on both sides")
-    results += check_training_steps(g, m, xs[:cfg.steps], ys[:cfg.steps])
+def run_checks(h, log=print, only=GROUPS):
+    """The CIFAR checks, grouped (`only` picks groups: basics = configuration, variables, checkpoint,
+    pipelines; forward = inference, validation, dropout; training = forward pass, gradients, free
+    biases; splits; steps = lr, restart steps, Adam, counters, bn moving statistics; free =
+    free-running; tf1 = the legacy graph on TF1's runtime)."""
+    cfg = h.cfg
+    x, y = h.xs[-1], h.ys[-1]
+    results = []
+    if "basics" in only:
+        results += [check_config(h), check_variables(h), check_checkpoint_round_trip(h), check_pipelines(h)]
+    if "forward" in only:
+        log("cifar: inference, validation, dropout")
+        results += [check_inference(h, x, y), check_validation(h), check_dropout(h)]
+    if "training" in only:
+        log("cifar: training forward pass and gradients")
+        results += check_training(h, x, y)
+        results.append(check_free_biases(h, x, y))
+    if "splits" in only:
+        log("cifar: batch splits")
+        results += check_splits(h, x, y)
+    if "steps" in only:
+        steps_at = steps_spanning(h.legacy.args.boundaries, cfg.steps)
+        log(f"cifar: {cfg.steps} training steps from the legacy state at global steps {steps_at}")
+        results += check_training_steps(h, h.xs, h.ys, steps_at)
+    if "free" in only:
+        log(f"cifar: {cfg.free_steps} free-running steps, and the legacy program again from weights 1 ulp away")
+        results.append(check_free_running(h, h.xs[:cfg.free_steps], h.ys[:cfg.free_steps]))
+    if "tf1" in only and cfg.tf1_runtime:
+        log("cifar: the legacy graph on TF1's runtime (--tf1_behavior), in its own process")
+        results += check_tf1_runtime(h, x, y)
     return results

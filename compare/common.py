@@ -14,11 +14,7 @@ from modern import runtime
 
 def setup_devices(num_towers):
     """Split the CPU (or take the GPUs) for N towers / replicas.  Call before any TF op runs."""
-    devices = runtime.configure_devices(num_towers)
-    # TF1 graphs built here use v1 control flow (as TF1 did), so the tensors inside a batch
-    # norm's `cond` (its batch mean and variance) can be fetched by the harness.
-    tf.compat.v1.disable_control_flow_v2()
-    return devices
+    return runtime.configure_devices(num_towers)
 
 
 def legacy_session(graph, num_towers, config=None):

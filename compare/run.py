@@ -3,23 +3,20 @@ the same losses, gradients and updates, tensor by tensor.
 
 Run it (from the repository root):
 
-    python compare/run.py                         # both models, 2 towers vs 2 replicas, 10 steps
-    python compare/run.py --quick                 # the same checks, fewer rows and steps (< 90 s)
-    python compare/run.py --model cifar --towers 4 --steps 12 --report reports/parity.json \\
+    python compare/run.py                         # both models, 2 towers vs 2 replicas
+    python compare/run.py --towers 3              # any tower count
+    python compare/run.py --quick                 # fewer steps, no TF1-runtime process
+    python compare/run.py --model cifar --only splits,steps --towers 4
+    python compare/run.py --model cifar --checkpoint models/temporary --report reports/parity.json \\
         --plot reports/parity.png
-    python compare/run.py --model cifar --checkpoint models/temporary/train-model.ckpt-100
 
-For CIFAR ResNet-v2-50 (`compare/cifar.py`) and MNIST (`compare/mnist.py`) it checks: the
-variables after name mapping; the inference forward pass; the training forward pass per tower
-(keep_prob 1, and one dropout mask imposed on both sides); every gradient; K training steps (lr,
-loss, weights, Adam slots, batch-norm moving statistics, moving-average shadows); the batch
-splits (even, short last, remainder, fewer rows than towers, the seed's static bug; MNIST's same
-batch on every tower); and a checkpoint round trip.  Each check ends PASS, FAIL, or EXPECTED (a
-known TF1/TF2 difference whose predicted value held to tolerance: see README, "Parity").
-The exit status is 0 only when every check is PASS or EXPECTED.
-
-The legacy graph comes from `legacy/`, the modern model from `modern/`: no copies of either.
-Tolerances are printed with the table; see `compare/report.py` for their derivation.
+Every check drives the programs' own functions (`compare/cifar.py`, `compare/mnist.py`): parsed
+defaults and input pipelines, inference and evaluation, dropout, the training forward pass and the
+gradients the modern train step applies, batch splits, restart-per-step training across every
+learning-rate boundary (Adam checked on each side), free-running trajectories against a measured
+chaos floor, the legacy graph on TF1's own runtime, and checkpoint round trips.  Each check ends
+PASS, FAIL, or EXPECTED (a known TF1/TF2 difference whose predicted value held: compare/README.md).
+The exit status is 0 only when every check is PASS or EXPECTED, 1 otherwise.
 """
 import argparse
 import os
@@ -38,22 +35,29 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=("cifar", "mnist", "all"), default="all")
     p.add_argument("--towers", type=int, default=2, help="legacy towers = modern replicas")
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps compared (default 10, or 4 with --quick); the lr boundaries "
-                        "are placed inside them")
+                   help="training steps compared from a shared state (CIFAR default 6, MNIST 10; "
+                        "4 with --quick)")
     p.add_argument("--quick", action="store_true",
                    help="fewer rows per tower and steps; still the full ResNet-v2-50")
     p.add_argument("--checkpoint", default=None,
                    help="start CIFAR from this TF1 checkpoint (slim names) instead of fresh weights")
+    p.add_argument("--only", default=None,
+                   help="CIFAR check groups to run, comma-separated (basics, forward, training, splits, steps, "
+                        "free, tf1); default all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write a PNG chart here")
     args = p.parse_args(argv)
     if args.towers < 1:
         p.error("--towers must be at least 1")
-    if args.steps is None:
-        args.steps = 4 if args.quick else 10
-    if args.steps < 3:
-        p.error("--steps must be at least 3 (two learning-rate boundaries are placed inside them)")
+    if args.steps is not None and args.steps < 1:
+        p.error("--steps must be at least 1")
+    groups = ("basics", "forward", "training", "splits", "steps", "free", "tf1")
+    if args.only is not None:
+        args.only = tuple(g.strip() for g in args.only.split(","))
+        unknown = [g for g in args.only if g not in groups]
+        if unknown:
+            p.error(f"--only: unknown group(s) {', '.join(unknown)}; choose from {', '.join(groups)}")
     if args.checkpoint and os.path.isdir(args.checkpoint):  # a folder: its latest checkpoint
         import tensorflow as tf
         latest = tf.train.latest_checkpoint(args.checkpoint)
@@ -80,11 +84,12 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp_dir:
         if args.model in ("mnist", "all"):
             from compare import mnist
-            results += mnist.run(args.towers, args.steps, args.seed, tmp_dir, log=log)
+            steps = args.steps or (4 if args.quick else 10)
+            results += mnist.run(args.towers, steps, args.seed, tmp_dir, log=log)
         if args.model in ("cifar", "all"):
             from compare import cifar
             cfg = cifar.default_config(args.towers, args.steps, args.seed, args.quick, args.checkpoint)
-            results += cifar.run(cfg, tmp_dir, log=log)
+            results += cifar.run(cfg, tmp_dir, log=log, only=args.only or cifar.GROUPS)
     seconds = time.time() - start
     print()
     print(report.format_table(results, seconds))

@@ -135,6 +135,9 @@ def parse_args(argv=None):
                         "towers (auto), where it costs ~30 s before the first step and gains nothing")
     p.add_argument("--log_every", type=int, default=log_every)
     p.add_argument("--valid_every", type=int, default=valid_every)
+    p.add_argument("--tf1_behavior", action="store_true",
+                   help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
+                        "before the graph is built (ref variables, v1 control flow, no eager)")
     args = p.parse_args(argv)
     if args.num_towers < 1:
         p.error("--num_towers must be at least 1")
@@ -672,6 +675,8 @@ def train(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.tf1_behavior:
+        tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime
     warnings.filterwarnings("ignore", message="`layer.apply` is deprecated", category=UserWarning)  # slim's layers
     tf.get_logger().setLevel("ERROR")                          # tf.compat.v1 deprecation notices
     try:

@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--ordered_ema", action="store_true",
                    help="deviation: run the moving average after the update (the original leaves them unordered)")
     p.add_argument("--seed", type=int, default=None, help="addition: graph-level random seed")
+    p.add_argument("--tf1_behavior", action="store_true",
+                   help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
+                        "before the graph is built (ref variables, v1 control flow, no eager)")
     p.add_argument("--log_device_placement", action="store_true",
                    help="the original's ConfigProto(log_device_placement=True); off by default here")
     args = p.parse_args(argv)
@@ -308,6 +311,8 @@ def train(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.tf1_behavior:
+        tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime
     try:
         train(args)
     except TrainingError as e:

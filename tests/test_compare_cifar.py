@@ -1,19 +1,17 @@
 """The CIFAR parity harness passes on the real programs and FAILS, in the right check, on planted defects.
 
-One legacy graph and one modern model are built for the module (the slow part); each defect then
-builds only what it changes (a model, an optimizer or a gradient function) and runs the checks
-that must catch it.  Defects are planted on the modern side; the legacy program is the reference.
+One legacy graph and one modern model are built for the module (the slow part).  Each defect is
+planted in the code the program runs (a layer attribute, a module function, the optimizer), on
+either side, for the length of one test, and the test asserts which check fails and which still pass.
+Every check sets the state it starts from, so the tests pass alone and in any order.
 """
-import functools
-from types import SimpleNamespace
+import dataclasses
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from modern import cifar_resnet as modern_cifar
-from modern.resnet_v2 import resnet_v2_50
 from modern.runtime import DeviceSetupError, configure_devices
 
 try:  # before TensorFlow's runtime starts: pytest imports every test module first
@@ -22,75 +20,86 @@ except DeviceSetupError:
     pass
 
 from compare import cifar as compare_cifar  # noqa: E402
-from test_modern_resnet import role_map  # noqa: E402
-
-STEPS = 3
+from compare.report import tensor_error  # noqa: E402
+from legacy import cifar_resnet as legacy_cifar  # noqa: E402
+from modern import cifar_resnet as modern_cifar  # noqa: E402
+from modern import resnet_v2  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    tf.compat.v1.disable_control_flow_v2()  # as compare/run.py: the batch norms' statistics are fetched
-    cfg = compare_cifar.default_config(2, STEPS)
-    tmp_dir = str(tmp_path_factory.mktemp("cifar_harness"))
-    h = compare_cifar.setup(cfg, tmp_dir, log=lambda *_: None)
-    h.cfg, h.tmp_dir = cfg, tmp_dir
+    cfg = compare_cifar.default_config(2, quick=True)
+    h = compare_cifar.setup(cfg, str(tmp_path_factory.mktemp("cifar_harness")), log=lambda *_: None)
     yield h
     compare_cifar.close(h)
-    tf.compat.v1.enable_control_flow_v2()
-
-
-@pytest.fixture(autouse=True)
-def fresh_start(harness):
-    """Every test starts both sides from the start checkpoint (the full run trains them K steps)."""
-    compare_cifar.reset(harness)
-    compare_cifar.checkpoints.load_tf1_checkpoint(harness.m.model, harness.g.start_path)
-
-
-def variant(h, **changes):
-    """A copy of the harness config with some fields changed."""
-    cfg = SimpleNamespace(**vars(h.cfg))
-    for key, value in changes.items():
-        setattr(cfg, key, value)
-    return cfg
 
 
 def by_check(results):
     return {r.check: r for r in results}
 
 
+def with_train_step(h):
+    """The harness with the modern train step traced again (after a planted change it must see)."""
+    m = h.modern
+    step = modern_cifar.make_train_step(m.model, m.optimizer, m.strategy, return_metrics=True, element_spec=m.spec)
+    return dataclasses.replace(h, modern=dataclasses.replace(m, train_step=step, draw=None))
+
+
 def test_harness_passes_on_the_real_programs(harness):
-    results = by_check(compare_cifar.run_checks(harness, harness.cfg, harness.tmp_dir, log=lambda *_: None))
+    results = by_check(compare_cifar.run_checks(harness, log=lambda *_: None))
     assert [name for name, r in results.items() if r.status == "FAIL"] == []
-    expected = {name for name, r in results.items() if r.status == "EXPECTED"}
-    assert expected == {"split: remainder dropped", "split: fewer rows than towers",
-                        "split: --split=static (seed bug)", "bn moving statistics",
-                        "free conv biases (zero gradient)"}
-    # Not vacuous: every trainable variable's gradient was compared, and the steps moved the loss.
-    assert len(results["gradients (keep_prob 1)"].errors) == 174
+    assert {name for name, r in results.items() if r.status == "EXPECTED"} == {
+        "validation (validate)", "split: remainder dropped", "split: fewer rows than towers",
+        "split: --split=static (seed bug)", "bn moving statistics"}
+    # Not vacuous: every trainable variable's gradient compared, the steps crossed both default
+    # boundaries, and each side's Adam update was checked for every variable at every step.
+    assert len(results["gradients (read out of the train step)"].errors) == 174
     assert len(results["checkpoint round trip"].errors) == 272
-    losses = results[f"{STEPS} training steps"].extra["losses"]["legacy"]
-    assert len(losses) == STEPS and len(set(np.round(losses, 5))) == STEPS
+    steps = results["4 training steps: loss and gradients"]
+    assert [e.name for e in steps.errors[:4]] == [f"loss at step {s}" for s in (10000, 10001, 25001, 100000)]
+    assert len(results["4 training steps: Adam on each side"].errors) == 4 * 2 * 2 * 174
+    free = results["6 free-running steps (chaos floor)"].extra["losses"]
+    assert len(set(np.round(free["legacy"], 5))) == 6
 
 
-def test_batch_norm_epsilon_of_keras_fails_the_forward_pass(harness):
-    cfg = variant(harness, model_fn=functools.partial(resnet_v2_50, bn_epsilon=1e-3))  # Keras' default
-    m = compare_cifar.build_modern(cfg, harness.strategy, harness.g.start_path)
+def test_nan_on_both_sides_is_not_agreement():
+    assert tensor_error("x", [np.nan, 1.0], [np.nan, 1.0]).rel_l2 == np.inf
+    assert tensor_error("x", [1.0, 2.0], [1.0, 2.0]).rel_l2 == 0.0
+
+
+def test_dropout_given_the_keep_probability_as_its_rate_fails_the_dropout_check(harness, monkeypatch):
+    # The classic port mistake: keras Dropout(keep_prob) where slim.dropout took keep_prob.
+    monkeypatch.setattr(harness.modern.model.dropout, "rate", harness.legacy.args.keep_prob)
+    result = compare_cifar.check_dropout(dataclasses.replace(harness, modern=dataclasses.replace(
+        harness.modern, draw=None)))
+    assert result.status == "FAIL"
+    kept = {e.name.split(" (")[0]: e.max_abs for e in result.errors}
+    assert kept["modern kept fraction"] > 0.15 and kept["legacy kept fraction"] < 1e-3  # kept 0.4, not 0.6
+
+
+def test_keras_dropout_with_one_mask_for_all_replicas_fails_the_dropout_check(harness, monkeypatch):
+    # Keras 3's own Dropout under MirroredStrategy: every replica draws the same mask.
+    monkeypatch.setattr(resnet_v2.ReplicaDropout, "call", keras.layers.Dropout.call)
+    result = compare_cifar.check_dropout(dataclasses.replace(harness, modern=dataclasses.replace(
+        harness.modern, draw=None)))
+    assert result.status == "FAIL"
+    agreement = [e for e in result.errors if e.name.startswith("modern mask agreement")]
+    assert agreement and agreement[0].max_abs > 0.4  # identical masks agree everywhere, not on 52%
+
+
+def test_batch_norm_epsilon_of_keras_fails_config_and_inference(harness, monkeypatch):
+    bns = [harness.modern.model.postnorm] + [
+        bn for units in harness.modern.model.blocks for u in units for bn in (u.preact, u.conv1_bn, u.conv2_bn)]
+    for bn in bns:
+        monkeypatch.setattr(bn, "epsilon", 1e-3)  # Keras' default
     x, y = harness.xs[-1], harness.ys[-1]
-    assert compare_cifar.check_inference(harness.g, m, x, y).status == "FAIL"
+    assert compare_cifar.check_config(harness).status == "FAIL"
+    result = compare_cifar.check_inference(harness, x, y)
+    logits = next(e for e in result.errors if e.name == "logits")
+    assert result.status == "FAIL" and logits.rel_l2 > 1e-3
 
 
-def test_keras_applications_resnet50v2_fails_the_forward_pass(harness):
-    app = keras.applications.ResNet50V2(weights=None, include_top=False, pooling="avg", input_shape=(32, 32, 3))
-    ours = harness.m.model
-    compare_cifar.checkpoints.load_tf1_checkpoint(ours, harness.g.start_path)
-    for layer, theirs in role_map(ours, app):
-        theirs.set_weights(layer.get_weights())
-    swapped = SimpleNamespace(model=lambda x, training=False: ours.fc(app(x, training=training)))
-    result = compare_cifar.check_inference(harness.g, swapped, harness.xs[-1], harness.ys[-1])
-    assert result.status == "FAIL" and result.worst.rel_l2 > 1e-2
-
-
-def test_one_tower_slice_shifted_by_a_row_fails_the_training_forward_pass(harness, monkeypatch):
+def test_one_replica_slice_shifted_by_a_row_fails_the_training_forward_pass(harness, monkeypatch):
     real = modern_cifar.spread_short_batch
 
     def shifted(x, y, num_replicas):
@@ -99,55 +108,72 @@ def test_one_tower_slice_shifted_by_a_row_fails_the_training_forward_pass(harnes
         return real(x, y, num_replicas)
 
     monkeypatch.setattr(modern_cifar, "spread_short_batch", shifted)
-    results = by_check(compare_cifar.check_training(harness.g, harness.m, harness.xs[-1], harness.ys[-1], 0.6))
-    forward = results["forward (training, keep_prob 1)"]
-    assert forward.status == "FAIL"
-    errors = {e.name: e.rel_l2 for e in forward.errors}
-    assert errors["tower_0/loss"] < 1e-6 < 1e-3 < errors["tower_1/loss"]
+    results = by_check(compare_cifar.check_training(harness, harness.xs[-1], harness.ys[-1]))
+    assert results["forward (training, same dropout masks)"].status == "FAIL"
+    assert results["gradients (read out of the train step)"].status == "FAIL"
 
 
-def test_one_layer_gradient_scaled_by_1_001_fails_the_gradient_check(harness, monkeypatch):
-    real = modern_cifar.replica_gradients
-    fc_kernel = harness.m.names["Logits/fc/weights"]
-    index = [id(v) for v in harness.m.model.trainable_variables].index(id(fc_kernel))
+def test_legacy_average_gradients_that_sums_fails_the_gradient_check(harness, monkeypatch, tmp_path):
+    # The legacy side is judged too: an average_gradients that forgets to divide by the towers.
+    def summed(tower_grads):
+        return [(tf.add_n([g for g, _ in pairs]), pairs[0][1]) for pairs in zip(*tower_grads)]
+
+    monkeypatch.setattr(legacy_cifar, "average_gradients", summed)
+    legacy = compare_cifar.build_legacy(harness.cfg, harness.files, str(tmp_path), start_path=harness.legacy.start_path)
+    try:
+        results = by_check(compare_cifar.check_training(dataclasses.replace(harness, legacy=legacy),
+                                                        harness.xs[-1], harness.ys[-1]))
+    finally:
+        legacy.sess.close()
+    assert results["forward (training, same dropout masks)"].status == "PASS"
+    gradients = results["gradients (read out of the train step)"]
+    assert gradients.status == "FAIL" and gradients.worst.rel_l2 > 0.5  # legacy = 2 x modern
+
+
+def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_check(harness, monkeypatch):
+    real = modern_cifar._replica_gradients
+    fc_kernel = harness.modern.names["Logits/fc/weights"]
+    index = [id(v) for v in harness.modern.model.trainable_variables].index(id(fc_kernel))
 
     def scaled(*args, **kwargs):
-        loss, grads = real(*args, **kwargs)
-        return loss, [g * 1.001 if i == index else g for i, g in enumerate(grads)]
+        loss, grads, logits = real(*args, **kwargs)
+        return loss, [g * 1.001 if i == index else g for i, g in enumerate(grads)], logits
 
-    monkeypatch.setattr(modern_cifar, "replica_gradients", scaled)
-    m = SimpleNamespace(**vars(harness.m))
-    m.gradients = compare_cifar.make_gradient_fn(m.model, harness.strategy)
-    results = by_check(compare_cifar.check_training(harness.g, m, harness.xs[-1], harness.ys[-1], 0.6))
-    assert results["forward (training, keep_prob 1)"].status == "PASS"
-    assert results["gradients (keep_prob 1)"].status == "FAIL"
-    assert results["gradients (keep_prob 1)"].worst.name == "Logits/fc/weights"
+    monkeypatch.setattr(modern_cifar, "_replica_gradients", scaled)
+    results = by_check(compare_cifar.check_training(with_train_step(harness), harness.xs[-1], harness.ys[-1]))
+    assert results["forward (training, same dropout masks)"].status == "PASS"
+    gradients = results["gradients (read out of the train step)"]
+    assert gradients.status == "FAIL" and gradients.worst.name == "Logits/fc/weights"
 
 
-def steps_with(harness, cfg, model=None, steps=STEPS):
-    compare_cifar.reset(harness)
-    m = compare_cifar.build_modern(cfg, harness.strategy, harness.g.start_path, model=model)
-    results = compare_cifar.check_training_steps(harness.g, m, harness.xs[:steps], harness.ys[:steps])
-    return by_check(results)
+def restart_steps(h, steps=(10000, 10001)):
+    """The restart-per-step checks at the first default boundary, with the train step traced again."""
+    h = with_train_step(h)
+    return by_check(compare_cifar.check_training_steps(h, h.xs, h.ys, list(steps)))
 
 
-def test_adam_with_keras_default_epsilon_fails_the_training_steps(harness):
-    cfg = variant(harness, make_optimizer=lambda b, v: modern_cifar.make_optimizer(b, v, epsilon=1e-7))
-    results = steps_with(harness, cfg, model=harness.m.model, steps=2)
-    assert results["lr schedule"].status == "PASS"
-    assert results["2 training steps"].status == "FAIL"
+def test_schedule_one_step_ahead_fails_only_the_lr_check(harness, monkeypatch):
+    # A step counter off by one: the modern schedule reads iterations + 1.
+    real = keras.optimizers.schedules.PiecewiseConstantDecay.__call__
+    monkeypatch.setattr(keras.optimizers.schedules.PiecewiseConstantDecay, "__call__",
+                        lambda self, step: real(self, step + 1))
+    results = restart_steps(harness)
+    assert [name for name, r in results.items() if r.status == "FAIL"] == ["lr schedule (default boundaries)"]
+    assert results["lr schedule (default boundaries)"].worst.name == "lr at step 10000"
 
 
-def test_learning_rate_boundary_off_by_one_fails_the_lr_check(harness):
-    cfg = variant(harness, make_optimizer=lambda b, v: modern_cifar.make_optimizer([x + 1 for x in b], v))
-    results = steps_with(harness, cfg, model=harness.m.model)
-    assert results["lr schedule"].status == "FAIL"
+def test_adam_with_keras_default_epsilon_fails_only_the_adam_check(harness, monkeypatch):
+    monkeypatch.setattr(harness.modern.optimizer, "epsilon", 1e-7)
+    results = restart_steps(harness)
+    assert [name for name, r in results.items() if r.status == "FAIL"] == ["2 training steps: Adam on each side"]
+    assert results["2 training steps: Adam on each side"].worst.name.startswith("modern")
 
 
-def test_a_planted_difference_inside_an_expected_check_fails_it(harness):
-    # Keras' default momentum 0.99 instead of slim's decay 0.997: the training forward pass and the
-    # weights do not see it; only the moving statistics do, which is the EXPECTED check's domain.
-    cfg = variant(harness, model_fn=functools.partial(resnet_v2_50, bn_momentum=0.99))
-    results = steps_with(harness, cfg, steps=1)
-    assert results["1 training steps"].status == "PASS"
-    assert results["bn moving statistics"].status == "FAIL"
+def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(harness, monkeypatch):
+    # Keras' default momentum 0.99 instead of slim's decay 0.997, inside an EXPECTED check.
+    for units in harness.modern.model.blocks:
+        for unit in units:
+            monkeypatch.setattr(unit.conv1_bn, "momentum", 0.99)
+    results = restart_steps(harness, steps=(0,))
+    assert [name for name, r in results.items() if r.status == "FAIL"] == ["bn moving statistics"]
+    assert "conv1/BatchNorm/moving" in results["bn moving statistics"].worst.name
