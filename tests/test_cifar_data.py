@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from legacy import towers
 from records import cifar10, mnist, tfrecord
 
 
@@ -162,23 +161,6 @@ def test_synthetic_set_is_sized_with_a_short_last_batch_and_learnable(tmp_path):
     # ... but not trivially: one pixel is mostly noise.
     assert 0.3 < accuracy < 1.0
     assert train_x[:, 0, 0].std() > 30
-
-
-def test_embedded_profile_ends_each_epoch_on_a_batch_that_shows_both_split_stories():
-    """997 rows in batches of 16 end on 5: the fix drops one row, the static split empties tower 1.
-
-    The original's own numbers (50000 rows, batch 256) end on 80 rows: the fix loses nothing
-    there, and the static split gives towers [80, 0].
-    """
-    batch = cifar10.EMBEDDED_PROFILE["batch_size"]
-    last = cifar10.SYNTHETIC_TRAIN % batch
-    assert last == 5 and -(-cifar10.SYNTHETIC_TRAIN // batch) * cifar10.EMBEDDED_PROFILE["epochs"] == 504
-    fix = towers.split_rows(last, 2, "fix")
-    assert (fix.sizes, fix.dropped, fix.empty) == ([2, 2], 1, [])
-    static = towers.split_rows(last, 2, "static", static_batch_size=batch // 2)
-    assert (static.sizes, static.dropped, static.empty) == ([5, 0], 0, [1])
-    original = towers.split_rows(50000 % 256, 2, "static", static_batch_size=256 // 2)
-    assert (original.sizes, original.empty) == ([80, 0], [1])
 
 
 def test_both_data_sets_live_under_data_relative_to_the_working_directory():
