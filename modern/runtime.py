@@ -72,19 +72,42 @@ def placement_message(devices):
 # process (a test run, the parity harness) number their collective all-reduces from the same keys,
 # and one's reduce meets the other's: "Shape mismatch in the collective instance 100".
 _STRATEGIES = {}
+REDUCTIONS = ("auto", "collective", "one_device")
 
 
-def make_strategy(num_replicas, log=print):
+def cross_device_ops(devices, reduction="auto"):
+    """How the replicas' gradients are summed: None (MirroredStrategy's own choice) or an object.
+
+    "collective": MirroredStrategy's default on CPUs, a collective all-reduce that first packs the
+    174 ResNet gradients into a few large tensors (ConcatV2), reduces them, and splits them again.
+    "one_device": `ReductionToOneDevice`, an add_n of the replicas' copies on the first device and
+    a copy back to each: on virtual CPU devices, which share one memory and two cores, it skips the
+    packing and the collective's rendezvous (profile: ~65 ms of ConcatV2/SplitV per step at batch
+    64), and for two replicas the sum a + b is the same float32 number either way.
+    "auto": "one_device" on virtual CPU devices, the strategy's default (NCCL) on GPUs.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    on_cpu = not devices[0].startswith("/gpu")
+    if reduction == "one_device" or (reduction == "auto" and on_cpu):
+        return tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])
+    return None
+
+
+def make_strategy(num_replicas, log=print, reduction="auto"):
     """The MirroredStrategy over `configure_devices(num_replicas)`, after logging where replicas are.
 
-    Made once per process and set of devices, then shared (see _STRATEGIES).
+    reduction: how gradients are summed across replicas (see `cross_device_ops`).
+    Made once per process, set of devices and reduction, then shared (see _STRATEGIES).
     """
     devices = tuple(configure_devices(num_replicas))
-    if devices not in _STRATEGIES:
-        _STRATEGIES[devices] = tf.distribute.MirroredStrategy(devices=list(devices))
+    key = devices, reduction
+    if key not in _STRATEGIES:
+        _STRATEGIES[key] = tf.distribute.MirroredStrategy(
+            devices=list(devices), cross_device_ops=cross_device_ops(devices, reduction))
     if log is not None:
         log(placement_message(devices))
-    return _STRATEGIES[devices]
+    return _STRATEGIES[key]
 
 
 def run_reporting_usage_errors(train, args):
