@@ -178,7 +178,7 @@ def write_plot(path, results):
     import matplotlib.pyplot as plt
 
     steps = [r for r in results if "losses" in r.extra]
-    grads = [r for r in results if r.check in ("gradients", "gradients (keep_prob 1)")]
+    grads = [r for r in results if r.check in ("gradients (read out of the train step)", "deviation: gradients of every step")]
     fig, axes = plt.subplots(2, max(1, len(steps), len(grads)), figsize=(12, 8), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)

@@ -19,6 +19,7 @@ PASS, FAIL, or EXPECTED (a known TF1/TF2 difference whose predicted value held: 
 The exit status is 0 only when every check is PASS or EXPECTED, 1 otherwise.
 """
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -53,6 +54,8 @@ def parse_args(argv=None):
     if args.steps is not None and args.steps < 1:
         p.error("--steps must be at least 1")
     groups = ("basics", "forward", "training", "splits", "steps", "free", "tf1")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # now, not after the run
+        p.error("--plot needs matplotlib: pip install 'tf1-towers[plot]' (or pip install matplotlib)")
     if args.only is not None:
         args.only = tuple(g.strip() for g in args.only.split(","))
         unknown = [g for g in args.only if g not in groups]

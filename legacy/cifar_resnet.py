@@ -22,7 +22,7 @@ Defaults are the original's constants (2 towers, batch 256, validation batch 256
 50000, 200 epochs, boundaries [10000, 25000], values [0.001, 0.0001, 0.00001], keep_prob 0.6, a
 line every 10 steps, validation every 100), each a flag.  One exception, the *embedded default
 profile*: when no data is given (no --data_dir / --train_tfrecords) the program trains on a small
-synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 1001 training and 250 validation
+synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 997 training and 250 validation
 images) and, unless set on the command line, uses batch_size 16, valid_batch_size 50 and 8 epochs
 (504 steps) instead of 256, 256 and 200 (`records.cifar10.EMBEDDED_PROFILE`), so that the run ends in
 about 3 minutes on 2 CPU cores with enough steps for the batch-norm moving averages (decay 0.997) to
@@ -463,7 +463,9 @@ def run_batch(sess, fetches, feed, cut, step, split):
     except tf.errors.InvalidArgumentError as error:
         if not cut.empty:
             raise
-        log(f"step {step}: towers {cut.empty} got no rows: {ONEDNN_NOTE} ({str(error).splitlines()[0][:120]}). "
+        reason = next((line.strip() for line in str(error).splitlines()
+                       if line.strip() and not line.strip().endswith("execution error:")), type(error).__name__)
+        log(f"step {step}: towers {cut.empty} got no rows: {ONEDNN_NOTE} ({reason[:120]}). "
             f"Expected under --split=static; the step is skipped and training continues as the original did")
         return None
 
@@ -605,7 +607,7 @@ def train(args):
             step = 0
             best_acc = 0.0
             best_step, best_path, saved_path = None, None, None
-            dropped_total = trained_rows = interval_rows = 0
+            dropped_total = trained_rows = interval_rows = skipped_rows = 0
             train_time = interval_time = 0.0
             start_time = time.time()
             while args.max_steps is None or step < args.max_steps:
@@ -625,7 +627,8 @@ def train(args):
                     continue
                 out = run_batch(sess, [g.summary_op, g.train_step, g.loss, g.accuracy, g.tower_losses],
                                 train_dict, cut, step, args.split)
-                if out is None:
+                if out is None:  # the step failed on an empty tower: its other rows did not train either
+                    skipped_rows += cut.rows - cut.dropped
                     continue
                 summary_str, _, loss_t, acc_t, tower_losses = out
                 check_finite(tower_losses, step, args.split, cut)
@@ -668,7 +671,8 @@ def train(args):
             f"({trained_rows / max(train_time, 1e-9):.1f} examples/sec in training steps); "
             + (f"best Valid_Acc {best_acc:.4f} at step {best_step}, saved as {best_path}; " if best_path else
                "no validation improved on 0 (no best model saved); ")
-            + f"final model {saved_path}; rows dropped by the split: {dropped_total}; "
+            + f"final model {saved_path}; rows dropped by the split: {dropped_total}"
+            + (f", rows of failed steps (not trained): {skipped_rows}" if skipped_rows else "") + "; "
             f"event files in {args.log_dir}")
     return 0
 
