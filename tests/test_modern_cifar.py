@@ -238,6 +238,28 @@ def test_adam_matches_tf1_adam_optimizer_over_steps():
     assert np.max(np.abs(keras_default - legacy)) > 1e-3
 
 
+def test_fused_adam_runs_tf1_kernel_arithmetic_and_keeps_keras_slots():
+    """FusedAdam (the default) takes 1 - beta in float32 as TF1's ApplyAdam does, so after one step
+    from zero slots m = (1 - 0.9f) * g exactly; Keras' own Adam gives 0.1 * g.  Both keep the
+    slots where `adam_slots` finds them and agree to float32 round-off over several steps."""
+    grad = np.array([1.0, -3.0, 1e-7], np.float32)
+    slots = {}
+    for fused in (True, False):
+        optimizer = cifar_resnet.make_optimizer([2], [0.1, 0.01], fused=fused)
+        w = tf.Variable(np.zeros(3, np.float32))
+        optimizer.apply_gradients([(tf.constant(grad), w)])
+        m, v = cifar_resnet.adam_slots(optimizer, w)
+        slots[fused] = m.numpy(), v.numpy()
+    np.testing.assert_array_equal(slots[True][0], (np.float32(1) - np.float32(0.9)) * grad)
+    np.testing.assert_array_equal(slots[False][0], np.float32(0.1) * grad)
+    rng = np.random.RandomState(5)
+    grads = rng.normal(size=(4, 6)).astype(np.float32)
+    start = np.linspace(-1, 1, 6).astype(np.float32)
+    fused = _keras_adam(cifar_resnet.make_optimizer([2], [0.1, 0.01], fused=True), start, grads)
+    keras_adam = _keras_adam(cifar_resnet.make_optimizer([2], [0.1, 0.01], fused=False), start, grads)
+    np.testing.assert_allclose(fused, keras_adam, rtol=1e-5, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # End to end: a few steps of the program on a small data set (one unit per block).
 # ----------------------------------------------------------------------------------------------
