@@ -119,3 +119,12 @@ def test_command_line_rejects_a_missing_checkpoint(tmp_path):
     done = run_program(["compare/run.py", "--checkpoint", tmp_path / "nothing.ckpt"])
     assert done.returncode == 2
     assert "no TF1 checkpoint there" in done.stderr
+
+
+def test_command_line_exits_1_on_a_planted_defect(monkeypatch, capsys):
+    from compare import run
+    real = modern_mnist.make_optimizer
+    monkeypatch.setattr(modern_mnist, "make_optimizer",
+                        lambda base, decay_steps, decay: real(base * 1.01, decay_steps, decay))
+    assert run.main(["--model", "mnist", "--steps", "2"]) == 1
+    assert "lr schedule" in capsys.readouterr().out
