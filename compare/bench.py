@@ -51,7 +51,6 @@ Per configuration (the JSON has one record each, with these names):
 Devices: GPUs when there are enough for the towers, virtual CPU devices otherwise (as the programs).
 """
 import argparse
-import contextlib
 import json
 import os
 import resource
