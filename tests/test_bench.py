@@ -1,0 +1,63 @@
+"""The benchmark (`compare/bench.py`) in its tiny configuration: it runs every worker process of it
+and writes a JSON whose every field holds a sane value.  No timing is asserted (a shared 2-core
+machine gives any speed); the numbers checked are structural: counts, signs, FLOPs, ratios.
+"""
+import json
+
+import pytest
+
+from compare import bench
+from conftest import run_program
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    proc = run_program(["compare/bench.py", "--tiny", "--json", path], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(path.read_text())
+
+
+def test_tiny_run_prints_a_progress_line_per_process_and_the_table(tiny):
+    stdout, report = tiny
+    configs = report["configurations"]
+    runs = sum(c["repeats"] for c in configs)
+    assert stdout.count("examples/sec (median)") == runs
+    assert "matmul peak" in stdout and "x legacy" in stdout
+
+
+def test_tiny_json_has_every_configuration_and_field(tiny):
+    _, report = tiny
+    configs = report["configurations"]
+    variants = {(c["model"], c["variant"]) for c in configs}
+    assert variants == {("mnist", v) for v in bench.VARIANTS["mnist"]}
+    for c in configs:
+        assert set(bench.FIELDS) <= set(c), set(bench.FIELDS) - set(c)
+        assert c["repeats"] == bench.TINY["repeats"]
+        assert c["timed_steps"] == bench.TINY["steps"] * bench.TINY["repeats"]
+        assert c["replicas"] == 2 and c["batch"] == 8
+        assert len(c["devices"]) == c["replicas"]
+
+
+def test_tiny_json_values_are_sane(tiny):
+    _, report = tiny
+    peak = report["calibration"]["matmul_gflops"]
+    assert peak > 0
+    for c in report["configurations"]:
+        assert 0 < c["examples_per_sec_min"] <= c["examples_per_sec_median"] <= c["examples_per_sec_max"]
+        assert c["step_ms_median"] > 0
+        assert 0 < c["first_step_s"] < 300
+        assert c["peak_rss_mb"] > 50  # TensorFlow alone is hundreds of MB
+        # 784*500 + 500*10 multiply-adds, plus the bias adds and the ReLU-free softmax-free head:
+        assert 2 * (784 * 500 + 500 * 10) <= c["forward_flops_per_example"] < 1.01 * 2 * (784 * 500 + 500 * 10) + 2000
+        assert c["achieved_gflops"] == pytest.approx(c["examples_per_sec_median"] * 3 * c["forward_flops_per_example"] / 1e9)
+        assert c["share_of_matmul_peak"] == pytest.approx(c["achieved_gflops"] / peak)
+        assert 0 < c["cpu_busy"] <= 1.05
+        assert c["vs_legacy"] > 0
+    legacy = next(c for c in report["configurations"] if c["variant"] == "legacy")
+    assert legacy["vs_legacy"] == 1.0
+
+
+def test_bad_variant_is_refused():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "modern-fastest"])
