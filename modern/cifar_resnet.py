@@ -31,7 +31,8 @@ unless set on the command line (`records.cifar10.EMBEDDED_PROFILE`, which the le
 Where it differs from the legacy program, on purpose:
   * no rows are ever lost: the short last batch (and one not divisible by the replica count) is
     split over the replicas whole and every row weighs 1/rows (the legacy fix `current_batch_size =
-    rows // towers` drops the remainder); a batch with fewer rows than replicas is copied to every
+    rows // towers` drops the remainder); a batch that would leave a replica empty (fewer rows than
+    replicas, or 5 rows on 4: 2 + 2 + 1 + 0) is copied to every
     replica at weight 1/N (`spread_short_batch`), never leaving one empty;
   * the logged loss and accuracy are the whole global batch's (the legacy logs the LAST tower's
     loss and tower 0's accuracy), and validation averages over rows, not over batches;
@@ -167,19 +168,28 @@ def spread_short_batch(x, y_onehot, num_replicas):
     """A global batch -> (x, y_onehot, weights) that `experimental_distribute_dataset` can split
     without leaving a replica empty.
 
-    The strategy splits a batch of B rows as evenly as it can (7 rows on 2 replicas: 4 + 3), but a
-    batch with fewer rows than replicas leaves some with none (1 row on 2: 1 + 0), and a replica
-    cannot run the ResNet on zero rows: Keras' Conv2D fails on an empty batch on CPU, batch norm
-    over no rows is 0/0 = NaN, and a `tf.cond` around the forward pass is impossible because
-    synchronised batch-norm statistics are a cross-replica call.  So such a batch is copied onto
-    every replica, each copy weighing 1/num_replicas: the summed loss and gradient are those of the
-    B rows once, and every replica's batch statistics are those of the B rows, as on one device.
-    Otherwise the weights are all 1.
+    The strategy re-batches B rows into replica batches of ceil(B/N) rows, in order, so the last
+    replicas get what is left (7 rows on 2 replicas: 4 + 3), and that can be nothing: whenever
+    ceil(B/N) * (N - 1) >= B.  That is every batch with fewer rows than replicas (1 row on 2:
+    1 + 0), and more (5 rows on 4: 2 + 2 + 1 + 0; 4 rows on 3: 2 + 2 + 0; measured, and found by
+    the parity harness at 4 replicas).  A replica cannot run the ResNet on zero rows: Keras' Conv2D
+    fails on an empty batch on CPU, batch norm over no rows is 0/0 = NaN, and a `tf.cond` around
+    the forward pass is impossible because synchronised batch-norm statistics are a cross-replica
+    call.  So such a batch is copied onto every replica, each copy weighing 1/num_replicas: the
+    summed loss and gradient are those of the B rows once, and every replica's batch statistics
+    are those of the B rows, as on one device.  Otherwise the weights are all 1.
     """
     rows = tf.shape(x)[0]
-    copies = tf.where(rows < num_replicas, num_replicas, 1)
+    copies = tf.where(leaves_a_replica_empty(rows, num_replicas), num_replicas, 1)
     weights = tf.fill([rows * copies], 1.0 / tf.cast(copies, tf.float32))
     return tf.tile(x, [copies, 1, 1, 1]), tf.tile(y_onehot, [copies, 1]), weights
+
+
+def leaves_a_replica_empty(rows, num_replicas):
+    """Whether the strategy's split of `rows` rows (replica batches of ceil(rows / N)) leaves the
+    last replica with none.  Python ints or int32 tensors."""
+    per_replica = -(-rows // num_replicas)
+    return per_replica * (num_replicas - 1) >= rows
 
 
 def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffle_buffer, num_epochs,
@@ -501,7 +511,8 @@ def train(args):
     last = num_train - (steps_per_epoch - 1) * args.batch_size
     print(f"global batch {args.batch_size} over {n} replicas; each epoch ends on a batch of {last} rows, "
           f"split over the replicas whole (no row dropped"
-          + (f"; fewer rows than replicas: copied to each, weighted 1/{n})" if last < n else ")"))
+          + (f"; it would leave a replica empty: copied to each, weighted 1/{n})"
+             if leaves_a_replica_empty(last, n) else ")"))
 
     model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args)
     print(origin)

@@ -30,6 +30,7 @@ from modern import resnet_v2  # noqa: E402
 def harness(tmp_path_factory):
     cfg = compare_cifar.default_config(2, quick=True)
     cfg.weighted = True  # the split checks against the legacy --split=weighted graph too
+    cfg.free_steps = 4   # and a short free-running run (the default runs 20)
     h = compare_cifar.setup(cfg, str(tmp_path_factory.mktemp("cifar_harness")), log=lambda *_: None)
     yield h
     compare_cifar.close(h)
@@ -207,4 +208,5 @@ def test_harness_passes_at_one_and_three_towers(tmp_path):
         assert results["bn moving statistics"]["status"] == ("EXPECTED" if towers > 1 else "PASS")
         if towers == 3:
             assert "23 rows" in results["split: remainder dropped"]["note"]
+            assert results["split: a replica the strategy leaves empty"]["status"] == "PASS"
             assert results["split: fewer rows than towers"]["status"] == "EXPECTED"
