@@ -124,11 +124,6 @@ def judge(check, model, errors, tolerance, expected=False, note="", extra=None, 
     return Result(check, model, status, tolerance, list(errors), note, dict(extra or {}))
 
 
-def compare_named(names, legacy_values, modern_values):
-    """TensorErrors for parallel lists of names and values."""
-    return [tensor_error(n, a, b) for n, a, b in zip(names, legacy_values, modern_values)]
-
-
 # ---------------------------------------------------------------------------------------------
 # Output
 
