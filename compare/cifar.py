@@ -26,6 +26,7 @@ import inspect
 import os
 import tempfile
 
+import keras
 import numpy as np
 import tensorflow as tf
 import tf_slim as slim
@@ -97,7 +98,6 @@ class Modern:
     eval_step: object
     spec: object                 # the element_spec every step is traced for
     draw: object = None          # draw_masks' tf.function
-    setter: tuple = None         # set_modern_state's tf.function, for one set of names
 
 
 @dataclasses.dataclass
@@ -110,6 +110,7 @@ class Harness:
     files: dict
     tmp_dir: str
     weighted: Legacy = None      # the legacy graph built --split=weighted (on first use)
+    start: dict = None           # start_state's arrays, read once
 
 
 def make_batches(steps, rows, seed):
@@ -320,29 +321,19 @@ def element_spec(strategy):
 
 
 def set_modern_state(modern, state):
-    """Weights and moving statistics, Adam slots and the step counter, in one traced call (one
-    eager assign per mirrored variable would cost a second or two per state)."""
-    names = sorted(state["weights"])
-    slot_names = sorted(state["slots_for"])
-    key = (tuple(names), tuple(slot_names))
-    if modern.setter is None or modern.setter[0] != key:
-        targets = [modern.names[n] for n in names]
-        for n in slot_names:
-            targets += list(modern_cifar.adam_slots(modern.optimizer, modern.names[n]))
-        targets.append(modern.optimizer.iterations)
-
-        @tf.function
-        def assign_all(values):
-            with modern.strategy.scope():
-                for target, value in zip(targets, values):
-                    target.assign(value)
-
-        modern.setter = (key, assign_all)
-    values = [state["weights"][n] for n in names]
-    for n in slot_names:
-        values += list(state["slots"][n])
-    values.append(np.int64(state["step"]))
-    modern.setter[1](values)
+    """Weights and moving statistics, Adam slots and the step counter, assigned eagerly to every
+    replica's copy of each variable (`values` of a mirrored variable): one host-to-tensor copy per
+    value, no cross-replica machinery (a mirrored `assign` per variable costs a second or two per
+    state, a traced assign-all five seconds to trace)."""
+    pairs = [(modern.names[n], state["weights"][n]) for n in sorted(state["weights"])]
+    for n in sorted(state["slots_for"]):
+        pairs += zip(modern_cifar.adam_slots(modern.optimizer, modern.names[n]), state["slots"][n])
+    pairs.append((modern.optimizer.iterations, np.int64(state["step"])))
+    for target, value in pairs:
+        variable = target.value if isinstance(target, keras.Variable) else target  # the tf.Variable
+        for copy in getattr(variable, "values", None) or (variable,):
+            with tf.device(copy.device):
+                copy.assign(value)
 
 
 def modern_slots(modern, names):
@@ -412,12 +403,16 @@ def row_masks(masks):
 
 
 def start_state(h):
-    """The common start: the start checkpoint's weights, zero Adam slots, step 0."""
-    reader = tf.train.load_checkpoint(h.legacy.start_path)
-    weights = {n: reader.get_tensor(n) for n in h.legacy.model_variables}
-    zero = {n: (np.zeros_like(weights[n]), np.zeros_like(weights[n])) for n in h.legacy.trainable}
+    """The common start: the start checkpoint's weights, zero Adam slots, step 0 (a fresh dict each
+    call; the arrays, read once, are shared and never written in place)."""
+    if h.start is None:
+        reader = tf.train.load_checkpoint(h.legacy.start_path)
+        weights = {n: reader.get_tensor(n) for n in h.legacy.model_variables}
+        zero = {n: (np.zeros_like(weights[n]), np.zeros_like(weights[n])) for n in h.legacy.trainable}
+        h.start = {"weights": weights, "slots": zero}
     beta_1, beta_2 = h.modern.optimizer.beta_1, h.modern.optimizer.beta_2
-    return {"weights": weights, "slots": zero, "slots_for": sorted(h.legacy.trainable), "step": 0,
+    return {"weights": dict(h.start["weights"]), "slots": dict(h.start["slots"]),
+            "slots_for": sorted(h.legacy.trainable), "step": 0,
             "powers": (np.float32(beta_1), np.float32(beta_2))}  # TF1's beta powers start at beta
 
 

@@ -162,6 +162,14 @@ def write_json(path, results, meta):
                   f, indent=2, default=float)
 
 
+def read_json(path):
+    """The results `write_json` wrote, as Result objects."""
+    with open(path) as f:
+        data = json.load(f)
+    return [Result(d["check"], d["model"], d["status"], d["tolerance"],
+                   [TensorError(**e) for e in d["errors"]], d["note"], d["extra"]) for d in data["results"]]
+
+
 def write_plot(path, results):
     """Per-step loss (legacy vs modern) and per-variable gradient error by layer, log scale."""
     try:

@@ -111,7 +111,22 @@ def test_command_line_writes_table_report_and_plot(tmp_path):
     assert "0 FAIL" in done.stdout and "Tolerances" in done.stdout
     data = json.loads(report.read_text())
     assert {r["status"] for r in data["results"]} == {"PASS", "EXPECTED"} and len(data["results"]) == 12
+    from compare import report as report_module  # what `run.py --model all` reads back from its MNIST process
+    back = report_module.read_json(report)
+    assert [(r.check, r.status, len(r.errors)) for r in back] == [
+        (r["check"], r["status"], r["num_tensors"]) for r in data["results"]]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_model_process_that_dies_is_a_fail_not_a_pass(tmp_path, capsys):
+    import sys
+    from compare import run
+    child = run.spawn("mnist", [sys.executable, "-c", "print('[   0.1s] mnist: starting'); raise SystemExit(3)"],
+                      str(tmp_path / "never_written.json"))
+    results = run.finish_model_process(*child)
+    assert [(r.model, r.status) for r in results] == [("mnist", "FAIL")]
+    assert "exited 3 without a report" in results[0].note
+    assert "[   0.1s] mnist: starting" in capsys.readouterr().out
 
 
 def test_command_line_rejects_a_missing_checkpoint(tmp_path):
