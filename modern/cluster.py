@@ -257,22 +257,22 @@ def check_layout(folder, worker, num_replicas):
 
 
 def checkpoint_managers(checkpoint, folder, worker, **kwargs):
-    """(read, write) CheckpointManagers: both on `folder` on one host and on the chief; another
-    worker reads the chief's `folder` and writes into its temporary one (Worker.folder)."""
+    """(read, write) CheckpointManagers: one and the same on `folder` on one host and on the chief;
+    another worker reads the chief's `folder` and writes into its temporary one (Worker.folder)."""
     read = tf.train.CheckpointManager(checkpoint, folder, **kwargs)
     if worker is None or worker.is_chief:
         return read, read
     return read, tf.train.CheckpointManager(checkpoint, worker.folder(folder), **kwargs)
 
 
-def step_runner(worker, checkpoint, read_manager, write_manager, step, log=print):
+def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
     """run(train_step, batch): on a cluster, through a PreemptionCheckpointHandler; else a call.
 
     On SIGTERM to any worker, the handler has every worker finish the same step, save (the chief
-    into read_manager's folder, the others into their temporary one: save_fn), and exit with code
-    42, TensorFlow's restart code.  The handler also restores read_manager's latest checkpoint and
-    adds its own run counter to `checkpoint`, so make it before restoring the rest.  step(): the
-    training step, to number the checkpoint.  A worker
+    into `folder`, the others into their temporary one: save_fn), and exit with code
+    42, TensorFlow's restart code.  The handler adds its own run counter to `checkpoint` and
+    restores it (with the rest, again) from `folder`'s latest checkpoint; it never writes through its
+    reading manager.  step(): the training step, to number the checkpoint.  A worker
     killed outright (SIGKILL) saves nothing: the run resumes from the last periodic checkpoint.
     """
     if worker is None:
@@ -286,6 +286,7 @@ def step_runner(worker, checkpoint, read_manager, write_manager, step, log=print
 
     config = tf.distribute.experimental.TerminationConfig(
         exit_fn=lambda: sys.exit(PREEMPTED_EXIT_CODE), save_fn=save)
-    handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, read_manager,
+    reader = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=None)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, reader,
                                                                      termination_config=config)
     return handler.run

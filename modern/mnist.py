@@ -330,7 +330,8 @@ def train(args):
     # On a cluster only the chief's `manager` writes model_save_path (the others a temporary folder).
     reader, manager = cluster.checkpoint_managers(checkpoint, args.model_save_path, worker, max_to_keep=5,
                                                   checkpoint_name=args.model_name)
-    run_step = cluster.step_runner(worker, checkpoint, reader, manager, lambda: int(optimizer.iterations) - 1)
+    run_step = cluster.step_runner(worker, checkpoint, args.model_save_path, manager,
+                                   lambda: int(optimizer.iterations.numpy()) - 1)
     if reader.latest_checkpoint:
         checkpoint.restore(reader.latest_checkpoint).assert_consumed()
         print(f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}")
