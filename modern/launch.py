@@ -65,11 +65,15 @@ def tf_config(addresses, index):
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
-def _relay(index, stream, lock):
+def _print(line):
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def _relay(index, stream, lock, output):
     for line in iter(stream.readline, ""):
         with lock:
-            sys.stdout.write(f"[worker {index}] {line}")
-            sys.stdout.flush()
+            output(f"[worker {index}] {line}")
     stream.close()
 
 
@@ -79,8 +83,13 @@ def _describe(code):
     return f"exited with code {code}"
 
 
-def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print):
-    """Run the cluster to its end; return the launcher's exit code (0, 1, 42, or 130 on Ctrl-C)."""
+def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, output=_print, timeout=None):
+    """Run the cluster to its end; return the launcher's exit code (0, 1, 42, or 130 on Ctrl-C).
+
+    command: [program.py or -m module, args...]; output(line) gets each worker's prefixed lines;
+    timeout: seconds after which every worker is stopped and the launcher returns 1.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     program = [sys.executable, *command]  # a file (modern/mnist.py) or -m module
     lock = threading.Lock()
@@ -101,7 +110,7 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print):
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)  # its own group: signals go where we send them
             procs.append(p)
-            t = threading.Thread(target=_relay, args=(i, p.stdout, lock), daemon=True)
+            t = threading.Thread(target=_relay, args=(i, p.stdout, lock, output), daemon=True)
             t.start()
             relays.append(t)
             log(f"[launch] worker {i}: pid {p.pid}, {addresses[i]}")
@@ -111,6 +120,10 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print):
                            if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)), None)
             if failed and not received:
                 break
+            if deadline is not None and time.monotonic() > deadline:
+                log(f"[launch] the workers did not finish within {timeout} s; stopping them")
+                _stop(procs, grace)
+                return 1
             time.sleep(0.1)
         if failed and not received:
             i, code = failed
