@@ -35,15 +35,11 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
-import time
 
 import tensorflow as tf
 
 from modern.runtime import UsageError, make_strategy as make_one_host_strategy
 
-CONNECT_TIMEOUT_ENV = "MW_CONNECT_TIMEOUT_S"  # seconds to wait for every worker to come up
-DEFAULT_CONNECT_TIMEOUT_S = 120.0
 LAYOUT_FILE = "cluster_layout.json"
 PREEMPTED_EXIT_CODE = 42  # TensorFlow's own exit code after a preemption checkpoint (failure_handling)
 
@@ -129,15 +125,6 @@ def _check_port_free(address):
                              f"listened on: port {port} is in use ({e.strerror})") from None
 
 
-def _reachable(address, timeout=0.5):
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 # ----------------------------------------------------------------------------------------------
 # The strategy.
 # ----------------------------------------------------------------------------------------------
@@ -147,8 +134,7 @@ def make_strategy(num_replicas, log=print):
 
     num_replicas is per worker.  Call first thing, before any other TensorFlow op: the strategy
     starts this worker's server and, like the logical devices, can only be set up once.
-    Waits at most $MW_CONNECT_TIMEOUT_S (default 120) seconds for the other workers; when they do
-    not come, prints which did not answer and exits with code 2.
+    Waits for every other worker to start (without a time limit: see below).
     """
     config = read_tf_config()
     if config is None or len(config[0]) == 1:
@@ -166,20 +152,10 @@ def make_strategy(num_replicas, log=print):
             f"MultiWorkerMirroredStrategy runs one replica per CPU worker (it uses GPUs or the one "
             f"/device:CPU:0, never logical CPU devices); pass --num_replicas 1, or run more workers")
     _check_port_free(addresses[index])
-    timeout = float(os.environ.get(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S))
-    connected = threading.Event()
-
-    def give_up():  # the strategy's constructor waits for every worker, without a timeout
-        if not connected.wait(timeout):
-            missing = [f"worker {i} ({a})" for i, a in enumerate(addresses) if i != index and not _reachable(a)]
-            print(f"error: worker {index} could not reach the cluster within {timeout:.0f} s "
-                  f"(${CONNECT_TIMEOUT_ENV}): no answer from {', '.join(missing) or 'the coordination service'}",
-                  file=sys.stderr, flush=True)
-            os._exit(2)  # the constructor cannot be interrupted from Python
-
-    threading.Thread(target=give_up, daemon=True).start()
+    # Not bounded here: the constructor waits for every worker in TensorFlow's C++ without releasing
+    # Python's GIL (measured: a watchdog thread never ran), so a worker whose peers never come waits
+    # until it is stopped; modern.launch stops the whole cluster when one worker fails or --timeout passes.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    connected.set()
     worker = Worker(addresses, index, num_replicas)
     if log is not None:
         log(f"worker {index} of {worker.count} ({'chief' if worker.is_chief else 'not chief'}), "

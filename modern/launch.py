@@ -34,6 +34,8 @@ def parse_args(argv=None):
                    help="passed as --num_replicas: GPUs per worker (CPU-only workers: 1)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds a stopped worker gets to exit before SIGKILL")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop every worker after this many seconds (e.g. when one never reaches the others)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS ...]")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -115,7 +117,7 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, outpu
             relays.append(t)
             log(f"[launch] worker {i}: pid {p.pid}, {addresses[i]}")
         failed = None
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # poll every worker: it sets returncode
             failed = next(((i, p.returncode) for i, p in enumerate(procs)
                            if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)), None)
             if failed and not received:
@@ -179,7 +181,7 @@ def _kill_group(p, signum):
 
 def main(argv=None):
     args = parse_args(argv)
-    return launch(args.command, args.workers, args.replicas_per_worker, args.grace)
+    return launch(args.command, args.workers, args.replicas_per_worker, args.grace, timeout=args.timeout)
 
 
 if __name__ == "__main__":
