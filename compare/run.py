@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--only", default=None,
                    help="CIFAR check groups to run, comma-separated (basics, forward, training, splits, steps, "
                         "free, tf1); default all")
+    p.add_argument("--workers", type=int, default=1,
+                   help="also check N workers x 1 replica against 1 x N (compare/multiworker.py), N >= 2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write a PNG chart here")
@@ -146,6 +148,9 @@ def main(argv=None):
             raise
         if mnist_child is not None:
             results = finish_model_process(*mnist_child) + results
+        if args.workers > 1:
+            from compare import multiworker
+            results += multiworker.run(args.workers, seed=args.seed, tmp_dir=tmp_dir, log=log)
     seconds = time.time() - start
     print()
     print(report.format_table(results, seconds))

@@ -7,6 +7,7 @@ The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_
     python modern/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python modern/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
     python modern/cifar_resnet.py --num_replicas 4 --deterministic
+    python -m modern.launch --workers 2 -- modern/cifar_resnet.py  # 2 worker processes (modern/cluster.py)
 
 Run it again with the same --model_dir and it resumes from the latest checkpoint (model, optimizer,
 step, best validation accuracy).
@@ -56,8 +57,9 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modern import checkpoints as tf1_checkpoints  # noqa: E402
+from modern import cluster  # noqa: E402
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
-from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
+from modern.runtime import (UsageError, check_writable, enable_determinism,  # noqa: E402
                             run_reporting_usage_errors, write_scalar)
 from records import cifar10  # noqa: E402
 
@@ -193,14 +195,15 @@ def leaves_a_replica_empty(rows, num_replicas):
 
 
 def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffle_buffer, num_epochs,
-                  num_replicas=1, augment=False, skip_batches=0):
+                  num_replicas=1, augment=False, skip_batches=0, shuffle_seed=None):
     """The original's training and validation datasets of GLOBAL batches.
 
     Same order as the original: parse, preprocess, shuffle, batch, repeat (batch before repeat, so
     every epoch ends on a short batch).  Elements are (images, one-hot labels, weights) from
     `spread_short_batch`; `experimental_distribute_dataset` then splits each global batch over the
     replicas, the short one included (7 rows on 2 replicas: 4 + 3).  `skip_batches` skips what a
-    resumed run has already trained on.
+    resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker of a
+    cluster (`modern.cluster.shared_seed`).
     """
     preprocess = cifar10.preprocess_for_train if augment else cifar10.preprocess_for_test
 
@@ -213,14 +216,14 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
 
     dataset = tf.data.TFRecordDataset(train_files)
     if augment:
-        dataset = dataset.map(parse_and_preprocess).shuffle(shuffle_buffer).batch(batch_size)
+        dataset = dataset.map(parse_and_preprocess).shuffle(shuffle_buffer, seed=shuffle_seed).batch(batch_size)
     else:
         # Quirk kept: the original trains on preprocess_for_test.  Speed, the same batches: the
         # serialized records are shuffled and batched, then parsed and preprocessed a batch at a
         # time (`tf.vectorized_map`); parsing and preprocess_for_test have no randomness and the
         # shuffle's order does not depend on what it shuffles, so every batch is the original's.
         # (preprocess_for_train draws random crops per image, so --augment keeps per-image maps.)
-        dataset = dataset.shuffle(shuffle_buffer).batch(batch_size)
+        dataset = dataset.shuffle(shuffle_buffer, seed=shuffle_seed).batch(batch_size)
         dataset = dataset.map(lambda records: tf.vectorized_map(parse_and_preprocess, records))
     dataset = dataset.repeat(num_epochs)
     dataset = dataset.map(one_hot).skip(skip_batches)
@@ -446,11 +449,11 @@ def validate(eval_step, dist_val_dataset):
 # ----------------------------------------------------------------------------------------------
 # Model, optimizer and checkpoints.
 # ----------------------------------------------------------------------------------------------
-def build(strategy, args):
+def build(strategy, args, worker=None):
     """Model, optimizer and checkpoint in the strategy's scope; resumed or pretrained as available.
 
     Returns (model, optimizer, checkpoint, manager, best_acc variable, a line saying where the
-    weights came from).
+    weights came from).  On a cluster (worker not None) `manager` writes only on the chief.
     """
     blocks = RESNET_V2_50_BLOCKS
     if args.units_per_block:
@@ -461,17 +464,17 @@ def build(strategy, args):
         optimizer.build(model.trainable_variables)  # the slots now, so a checkpoint restores into them
         best_acc = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="best_acc")  # exact python float
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc)
-    manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=5,
-                                         checkpoint_name="train-model.ckpt")
-    if manager.latest_checkpoint:
+    reader, manager = cluster.checkpoint_managers(checkpoint, args.model_dir, worker, max_to_keep=5,
+                                                  checkpoint_name="train-model.ckpt")
+    if reader.latest_checkpoint:
         try:
             with strategy.scope():
-                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+                checkpoint.restore(reader.latest_checkpoint).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise UsageError(f"cannot resume from {manager.latest_checkpoint}: it does not match this "
+            raise UsageError(f"cannot resume from {reader.latest_checkpoint}: it does not match this "
                              f"model and optimizer ({str(e).splitlines()[0]}); use another --model_dir") from None
         return (model, optimizer, checkpoint, manager, best_acc,
-                f"Resuming from {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy())}, "
+                f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}, "
                 f"best val_acc {float(best_acc.numpy()):.4f}")
     pretrained = args.pretrained or (resnet_model_path if tf.io.gfile.exists(resnet_model_path + ".index") else None)
     if pretrained is None:
@@ -496,12 +499,14 @@ def train(args):
         enable_determinism(0 if args.seed is None else args.seed)
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
-    strategy = make_strategy(args.num_replicas)  # first: may split the CPU into virtual devices
+    # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
+    strategy, worker = cluster.make_strategy(args.num_replicas)
     n = strategy.num_replicas_in_sync
     embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
     check_writable(args.model_dir, "--model_dir")
     for sub in ("train", "valid"):
         check_writable(os.path.join(args.log_dir, sub), "--log_dir")
+    cluster.check_layout(args.model_dir, worker, args.num_replicas)
     print(f"data: {', '.join(train_files)} ({num_train} examples), valid {', '.join(valid_files)} "
           f"({num_valid} examples)")
     if embedded:
@@ -514,22 +519,25 @@ def train(args):
           + (f"; it would leave a replica empty: copied to each, weighted 1/{n})"
              if leaves_a_replica_empty(last, n) else ")"))
 
-    model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args)
+    model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args, worker)
+    run_step = cluster.step_runner(worker, checkpoint, args.model_dir, manager, lambda: int(optimizer.iterations.numpy()))
     print(origin)
     start = int(optimizer.iterations.numpy())
     total_steps = steps_per_epoch * args.epochs
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
     train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
-                                     args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start)
-    dist_train_ds = strategy.experimental_distribute_dataset(train_ds)
-    dist_val_ds = strategy.experimental_distribute_dataset(val_ds)
+                                     args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start,
+                                     shuffle_seed=cluster.shared_seed(strategy, worker))
+    dist_train_ds = cluster.distribute(strategy, worker, train_ds)
+    dist_val_ds = cluster.distribute(strategy, worker, val_ds)
     iterator = iter(dist_train_ds)
     train_step = make_train_step(model, optimizer, strategy, return_metrics=True,
                                  element_spec=dist_train_ds.element_spec)
     eval_step = make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec)
-    train_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "train"))
-    valid_writer = tf.summary.create_file_writer(os.path.join(args.log_dir, "valid"))
+    log_dir = worker.folder(args.log_dir) if worker else args.log_dir  # event files: the chief's only
+    train_writer = tf.summary.create_file_writer(os.path.join(log_dir, "train"))
+    valid_writer = tf.summary.create_file_writer(os.path.join(log_dir, "valid"))
 
     step, loss_t = start, float("nan")
     best_step, best_path = None, None
@@ -542,7 +550,7 @@ def train(args):
             batch = next(iterator)
         except StopIteration:
             break
-        loss, metrics = train_step(batch)
+        loss, metrics = run_step(train_step, batch)  # on a cluster, saves and exits on SIGTERM
         step += 1  # = optimizer.iterations: the legacy `step` after its `step += 1`
         loss_t, acc_t, lr = float(loss), float(metrics["accuracy"]), float(metrics["learning_rate"])
         if not tf.math.is_finite(loss):

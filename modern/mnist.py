@@ -9,6 +9,7 @@ the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository
     python modern/mnist.py --num_replicas 4 --data_path data/mnist/train.tfrecords
     python modern/mnist.py --same_batch_per_replica # the legacy quirk: one batch on every replica
     python modern/mnist.py --deterministic          # bit-identical reruns
+    python -m modern.launch --workers 2 -- modern/mnist.py   # 2 worker processes (modern/cluster.py)
 
 A second invocation with the same --model_save_path resumes from the latest checkpoint.
 Defaults are the original's constants (BATCH_SIZE 100 per replica, LEARNING_RATE_BASE 0.001,
@@ -44,7 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from modern.runtime import (UsageError, check_writable, enable_determinism, make_strategy,  # noqa: E402
+from modern import cluster  # noqa: E402
+from modern.runtime import (UsageError, check_writable, enable_determinism,  # noqa: E402
                             run_reporting_usage_errors, write_histogram, write_scalar)
 from records import mnist as mnist_records  # noqa: E402
 
@@ -79,26 +81,30 @@ def parse_args(argv=None):
                         "held-out set when --data_path is not given, else no evaluation")
     p.add_argument("--same_batch_per_replica", action="store_true",
                    help="reproduce the original: every replica trains on the same batch")
+    p.add_argument("--log_every", type=int, default=10, help="log (and write summaries) every N steps")
+    p.add_argument("--save_every", type=int, default=1000, help="save a checkpoint every N steps")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--deterministic", action="store_true",
                    help="seed everything (--seed, default 0) and enable op determinism")
     args = p.parse_args(argv)
-    if args.batch_size < 1 or args.num_replicas < 1 or args.training_steps < 1:
-        p.error("--batch_size, --num_replicas and --training_steps must be at least 1")
+    if min(args.batch_size, args.num_replicas, args.training_steps, args.log_every, args.save_every) < 1:
+        p.error("--batch_size, --num_replicas, --training_steps, --log_every and --save_every must be at least 1")
     return args
 
 
 # ----------------------------------------------------------------------------------------------
 # Data: the original's pipeline (parse, shuffle 10000, repeat 10, batch), fed to the replicas.
 # ----------------------------------------------------------------------------------------------
-def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0):
+def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0,
+              shuffle_seed=None):
     """The original's `get_input`, as a dataset of *global* batches for `experimental_distribute_dataset`.
 
     Each replica receives `batch_size` rows.  By default they are different rows (the global batch is
     batch_size * num_replicas consecutive examples); with `same_batch_per_replica` one batch of
     `batch_size` is tiled num_replicas times, so the strategy hands every replica the same rows, as
     the original's single `get_input()` call feeds every tower.  `skip_batches` skips the batches a
-    resumed run has already trained on.
+    resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker
+    of a cluster (`modern.cluster.shared_seed`).
 
     Speed (the same batches): the original parses each record, then shuffles and batches; here the
     serialized records are shuffled and batched, then the original's parser runs over the whole
@@ -108,7 +114,7 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     of CPU per batch of 200 rows, where the whole modern step took ~11 ms).
     """
     dataset = tf.data.TFRecordDataset([data_path])
-    dataset = dataset.shuffle(buffer_size=10000)
+    dataset = dataset.shuffle(buffer_size=10000, seed=shuffle_seed)
     dataset = dataset.repeat(10)
     if same_batch_per_replica:
         dataset = dataset.batch(batch_size)
@@ -300,10 +306,12 @@ def train(args):
         enable_determinism(0 if args.seed is None else args.seed)
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
-    strategy = make_strategy(args.num_replicas)  # before any other TF op: may split the CPU
+    # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
+    strategy, worker = cluster.make_strategy(args.num_replicas)
     n = strategy.num_replicas_in_sync
     data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
     check_writable(args.model_save_path, "--model_save_path")
+    cluster.check_layout(args.model_save_path, worker, args.num_replicas)
     print(f"data: {data_path} ({num_examples} examples)"
           + (f"; held-out: {eval_data_path} ({num_eval} examples)" if eval_data_path else ""))
     if args.same_batch_per_replica:
@@ -319,21 +327,25 @@ def train(args):
         optimizer.build(model.trainable_variables)
         ema, shadows = make_moving_average(model, optimizer, args.moving_average_decay)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows)
-    manager = tf.train.CheckpointManager(checkpoint, args.model_save_path, max_to_keep=5,
-                                         checkpoint_name=args.model_name)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
-        print(f"Resuming from {manager.latest_checkpoint}: step {int(optimizer.iterations.numpy())}")
+    # On a cluster only the chief's `manager` writes model_save_path (the others a temporary folder).
+    reader, manager = cluster.checkpoint_managers(checkpoint, args.model_save_path, worker, max_to_keep=5,
+                                                  checkpoint_name=args.model_name)
+    run_step = cluster.step_runner(worker, checkpoint, args.model_save_path, manager,
+                                   lambda: int(optimizer.iterations.numpy()) - 1)
+    if reader.latest_checkpoint:
+        checkpoint.restore(reader.latest_checkpoint).assert_consumed()
+        print(f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}")
     start = int(optimizer.iterations.numpy())
     if start >= args.training_steps:
         print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
 
-    dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start)
-    dist_dataset = strategy.experimental_distribute_dataset(dataset)
+    dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start,
+                        shuffle_seed=cluster.shared_seed(strategy, worker))
+    dist_dataset = cluster.distribute(strategy, worker, dataset)
     iterator = iter(dist_dataset)
     train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True,
                                  element_spec=dist_dataset.element_spec)
-    writer = tf.summary.create_file_writer(args.model_save_path)
+    writer = tf.summary.create_file_writer(worker.folder(args.model_save_path) if worker else args.model_save_path)
     variables = model.trainable_variables
 
     step, done, saved, loss_value = start - 1, None, None, float("nan")
@@ -346,23 +358,23 @@ def train(args):
             except StopIteration:
                 print(f"The input ran out (repeat 10 of {num_examples} examples) at step {step}; stopping here.")
                 break
-            loss, grads = train_step(batch)
+            loss, grads = run_step(train_step, batch)  # on a cluster, saves and exits on SIGTERM
             loss_value = float(loss)
             duration = time.time() - start_time
             done = step
-            if step != 0 and step % 10 == 0:
+            if step != 0 and step % args.log_every == 0:
                 # The legacy count: batch_size rows per replica per step (with --same_batch_per_replica
                 # the same rows num_replicas times), and duration / num_replicas seconds per batch.
                 examples_per_sec = args.batch_size * n / duration
                 format_str = '%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)'
-                print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n))
+                print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n), flush=True)
                 with writer.as_default():
                     write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
                     for g, v in zip(grads, variables):
                         write_histogram(f"gradients_on_average/{legacy_name(v)}", g, step)
                     for v in variables:
                         write_histogram(legacy_name(v), v.value, step)
-            if step % 1000 == 0 or (step + 1) == args.training_steps:
+            if step % args.save_every == 0 or (step + 1) == args.training_steps:
                 manager.save(checkpoint_number=step)
                 saved = step
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:

@@ -1,0 +1,268 @@
+"""Beyond one machine: the modern trainers on `tf.distribute.MultiWorkerMirroredStrategy`.
+
+The legacy programs scale to the GPUs of one host (towers); the modern ones add TensorFlow's own
+multi-worker engine.  A process is a *worker* of a cluster when the standard `TF_CONFIG`
+environment variable names more than one worker:
+
+    TF_CONFIG='{"cluster": {"worker": ["host0:12345", "host1:12345"]}, "task": {"type": "worker", "index": 0}}'
+
+Without TF_CONFIG, or with one worker in it, nothing here changes anything: the trainers build the
+one-host `MirroredStrategy` of `modern/runtime.py`.  `python -m modern.launch` starts a whole
+cluster on this host.  How the pieces map onto the one-host program:
+
+  MirroredStrategy(devices)           ->  MultiWorkerMirroredStrategy (make_strategy): each worker's
+                                          local GPUs; on CPU ONE device per worker (see below)
+  experimental_distribute_dataset     ->  distribute(): auto-shard by DATA, every worker reads the same
+                                          shuffled global batches (a seed agreed with the chief,
+                                          shared_seed) and keeps its replicas' slices of each
+  CheckpointManager(model_dir)        ->  the chief writes model_dir and the event files; every other
+                                          worker writes into a temporary folder removed at exit
+                                          (folder()), as TensorFlow's multi-worker tutorial does
+  (none: one process cannot be preempted alone) -> PreemptionCheckpointHandler (step_runner): SIGTERM
+                                          on any worker -> all save at one agreed step, exit 42
+
+One device per CPU worker.  `CollectiveAllReduceExtended._initialize_local_devices` (TensorFlow
+2.21, tensorflow/python/distribute/collective_all_reduce_strategy.py) takes `context.num_gpus()`
+GPUs per worker and, with none, exactly one `/device:CPU:0`: logical CPU devices made by
+`tf.config.set_logical_device_configuration` are not used (measured: a worker split into 2 logical
+CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only workers
+`--num_replicas` must be 1 (a usage error otherwise); on GPU workers it picks the first N GPUs.
+"""
+import atexit
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+
+import tensorflow as tf
+
+from modern.runtime import UsageError, make_strategy as make_one_host_strategy
+
+LAYOUT_FILE = "cluster_layout.json"
+PREEMPTED_EXIT_CODE = 42  # TensorFlow's own exit code after a preemption checkpoint (failure_handling)
+
+
+class Worker:
+    """This process's place in a multi-worker cluster (None on one host)."""
+
+    def __init__(self, addresses, index, replicas_per_worker):
+        self.addresses = addresses
+        self.index = index
+        self.count = len(addresses)
+        self.replicas_per_worker = replicas_per_worker
+        self.is_chief = index == 0  # MultiWorkerMirroredStrategy's chief when there is no 'chief' job
+        self._temp = None
+
+    def folder(self, path):
+        """Where this worker writes what belongs in `path`: `path` on the chief, else a temporary
+        folder removed when the process ends (every worker must save, since saving may run
+        collectives, but only the chief's copy is kept)."""
+        if self.is_chief:
+            return path
+        if self._temp is None:
+            self._temp = tempfile.mkdtemp(prefix=f"worker{self.index}-")
+            atexit.register(shutil.rmtree, self._temp, ignore_errors=True)
+        sub = os.path.join(self._temp, os.path.abspath(path).strip(os.sep).replace(os.sep, "_"))
+        os.makedirs(sub, exist_ok=True)
+        return sub
+
+
+# ----------------------------------------------------------------------------------------------
+# TF_CONFIG: read and checked before TensorFlow is asked to connect anything.
+# ----------------------------------------------------------------------------------------------
+def read_tf_config(environ=None):
+    """(worker addresses, this task's index) from TF_CONFIG, or None when it is absent or empty.
+
+    Raises UsageError naming the problem: bad JSON, no worker list, a task other than a worker,
+    an index out of range, an address without a port, or a worker listed twice.
+    """
+    raw = (os.environ if environ is None else environ).get("TF_CONFIG", "").strip()
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"TF_CONFIG is not valid JSON ({e}): {raw[:200]}") from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("worker"), list) or not cluster["worker"]:
+        raise UsageError('TF_CONFIG has no "cluster": {"worker": ["host:port", ...]} list')
+    other_jobs = sorted(set(cluster) - {"worker"})
+    if other_jobs:
+        raise UsageError(f"TF_CONFIG names jobs {other_jobs}: these trainers run only 'worker' tasks "
+                         f"(worker 0 is the chief)")
+    addresses = cluster["worker"]
+    for address in addresses:
+        host, _, port = str(address).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"TF_CONFIG worker address {address!r} is not host:port")
+    seen = {}
+    for i, address in enumerate(addresses):
+        if address in seen:
+            raise UsageError(f"TF_CONFIG lists worker {address} twice (indexes {seen[address]} and {i})")
+        seen[address] = i
+    task = config.get("task")
+    if not isinstance(task, dict) or task.get("type") != "worker":
+        raise UsageError(f'TF_CONFIG "task" must be {{"type": "worker", "index": i}}, got {task!r}')
+    index = task.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(addresses):
+        raise UsageError(f"TF_CONFIG task index {index!r} is out of range for {len(addresses)} workers "
+                         f"(0..{len(addresses) - 1})")
+    return addresses, index
+
+
+def _check_port_free(address):
+    """This worker's own port must be free to listen on (a port in use is a usage error)."""
+    host, _, port = address.rpartition(":")
+    if host not in ("localhost", "127.0.0.1", socket.gethostname(), "0.0.0.0"):
+        return  # another interface of this host: TensorFlow binds all interfaces, probe them
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", int(port)))
+        except OSError as e:
+            raise UsageError(f"this worker's address {address} (TF_CONFIG task index) cannot be "
+                             f"listened on: port {port} is in use ({e.strerror})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The strategy.
+# ----------------------------------------------------------------------------------------------
+def make_strategy(num_replicas, log=print):
+    """(strategy, worker): MultiWorkerMirroredStrategy when TF_CONFIG names more than one worker,
+    else the one-host MirroredStrategy of `modern.runtime.make_strategy` and worker None.
+
+    num_replicas is per worker.  Call first thing, before any other TensorFlow op: the strategy
+    starts this worker's server and, like the logical devices, can only be set up once.
+    Waits for every other worker to start (without a time limit: see below).
+    """
+    config = read_tf_config()
+    if config is None or len(config[0]) == 1:
+        return make_one_host_strategy(num_replicas, log=log), None
+    addresses, index = config
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if num_replicas > len(gpus):
+            raise UsageError(f"--num_replicas {num_replicas} per worker, but worker {index} has "
+                             f"{len(gpus)} GPUs")
+        tf.config.set_visible_devices(gpus[:num_replicas], "GPU")
+    elif num_replicas != 1:
+        raise UsageError(
+            f"--num_replicas {num_replicas} with {len(addresses)} CPU-only workers: "
+            f"MultiWorkerMirroredStrategy runs one replica per CPU worker (it uses GPUs or the one "
+            f"/device:CPU:0, never logical CPU devices); pass --num_replicas 1, or run more workers")
+    _check_port_free(addresses[index])
+    # Not bounded here: the constructor waits for every worker in TensorFlow's C++ without releasing
+    # Python's GIL (measured: a watchdog thread never ran), so a worker whose peers never come waits
+    # until it is stopped; modern.launch stops the whole cluster when one worker fails or --timeout passes.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    worker = Worker(addresses, index, num_replicas)
+    if log is not None:
+        log(f"worker {index} of {worker.count} ({'chief' if worker.is_chief else 'not chief'}), "
+            f"{strategy.num_replicas_in_sync} replicas in all on {', '.join(strategy.extended.worker_devices)}")
+    return strategy, worker
+
+
+def distribute(strategy, worker, dataset):
+    """`strategy.experimental_distribute_dataset(dataset)`, sharded by DATA across workers.
+
+    Every worker builds the same dataset of GLOBAL batches (same files, same shuffle seed: see
+    shared_seed) and keeps its replicas' slices of each batch: the strategy cuts B rows into
+    replica batches of ceil(B/N) rows in order, as on one host (measured: 7 rows over 2 workers ->
+    4 + 3, 1 row -> 1 + 0, exactly MirroredStrategy's split), so `spread_short_batch` still knows
+    which batches would leave a replica empty.  File sharding would give workers different rows
+    per global batch than one host sees.  Cost: each worker reads the whole input.
+    """
+    if worker is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        dataset = dataset.with_options(options)
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+def shared_seed(strategy, worker):
+    """A shuffle seed every worker agrees on (the chief's draw), or None on one host.
+
+    A variable made in MultiWorkerMirroredStrategy's scope starts, on every worker, from the
+    chief's initial value (a broadcast): each worker draws its own number, all keep the chief's.
+    """
+    if worker is None:
+        return None
+    with strategy.scope():
+        seed = tf.Variable(int.from_bytes(os.urandom(4), "little") >> 1, dtype=tf.int64, trainable=False)
+    return int(seed.numpy())
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: the layout they were written by, and preemption.
+# ----------------------------------------------------------------------------------------------
+def check_layout(folder, worker, num_replicas):
+    """Refuse to resume a checkpoint folder written by another cluster layout; record ours.
+
+    A multi-worker chief writes `cluster_layout.json` (workers, replicas per worker) next to its
+    checkpoints.  Resuming needs the same layout (the input position and the replicas' share of
+    each batch depend on it): a folder holding checkpoints with another layout, or with none (one
+    host) under a cluster, or a cluster's under one host, raises UsageError before anything is
+    written.  One-host runs write nothing here.
+    """
+    path = os.path.join(folder, LAYOUT_FILE)
+    ours = {"workers": 1 if worker is None else worker.count,
+            "replicas_per_worker": num_replicas if worker is None else worker.replicas_per_worker}
+    has_checkpoint = tf.train.latest_checkpoint(folder) is not None
+    recorded = None
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path} is unreadable ({e}); it records the cluster layout of the "
+                             f"checkpoints there") from None
+    if has_checkpoint:
+        if recorded is None and worker is not None:
+            raise UsageError(f"{folder} holds checkpoints written on one host (no {LAYOUT_FILE}); a "
+                             f"{ours['workers']}-worker cluster will not resume them: use another folder")
+        if recorded is not None and recorded != ours and (worker is not None or recorded["workers"] > 1):
+            raise UsageError(f"{folder} holds checkpoints written by {recorded['workers']} worker(s) x "
+                             f"{recorded['replicas_per_worker']} replica(s); this run is {ours['workers']} x "
+                             f"{ours['replicas_per_worker']}: run with that layout, or use another folder")
+    if worker is not None and worker.is_chief:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(ours, f)
+        os.replace(tmp, path)  # atomic: never half-written
+
+
+def checkpoint_managers(checkpoint, folder, worker, **kwargs):
+    """(read, write) CheckpointManagers: one and the same on `folder` on one host and on the chief;
+    another worker reads the chief's `folder` and writes into its temporary one (Worker.folder)."""
+    read = tf.train.CheckpointManager(checkpoint, folder, **kwargs)
+    if worker is None or worker.is_chief:
+        return read, read
+    return read, tf.train.CheckpointManager(checkpoint, worker.folder(folder), **kwargs)
+
+
+def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
+    """run(train_step, batch): on a cluster, through a PreemptionCheckpointHandler; else a call.
+
+    On SIGTERM to any worker, the handler has every worker finish the same step, save (the chief
+    into `folder`, the others into their temporary one: save_fn), and exit with code
+    42, TensorFlow's restart code.  The handler adds its own run counter to `checkpoint` and
+    restores it (with the rest, again) from `folder`'s latest checkpoint; it never writes through its
+    reading manager.  step(): the training step, to number the checkpoint.  A worker
+    killed outright (SIGKILL) saves nothing: the run resumes from the last periodic checkpoint.
+    """
+    if worker is None:
+        return lambda train_step, *args: train_step(*args)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+    def save():
+        path = write_manager.save(checkpoint_number=step())
+        log(f"preemption: checkpoint {path} saved; exiting with code {PREEMPTED_EXIT_CODE} "
+            f"(run again to resume)")
+
+    config = tf.distribute.experimental.TerminationConfig(
+        exit_fn=lambda: sys.exit(PREEMPTED_EXIT_CODE), save_fn=save)
+    reader = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=None)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, reader,
+                                                                     termination_config=config)
+    return handler.run
