@@ -5,7 +5,7 @@ Each side is built by the program's own functions from the program's own parsed 
   legacy: `parse_args`, `make_datasets`, `build_graph`, `make_feed`, `session_config`, `validate`
           (the graph is the one the trainer runs: control flow v2, its session config);
   modern: `parse_args`, `make_datasets`, `build` (model + optimizer), `make_train_step`,
-          `make_eval_step`, `validate`, `adam_slots`; the model's own `ReplicaDropout`.
+          `make_eval_step`, `validate` (Adam's slots via `modern.keras_adapter`); the model's own `ReplicaDropout`.
 
 Nothing is stood in for.  What the harness needs to see inside, it reads without changing the judged
 graph or step: the legacy batch-norm statistics are outputs of the `cond` ops slim builds; the
@@ -36,6 +36,7 @@ from compare import common
 from compare.report import EPS32, TOLERANCES, TensorError, judge, share_floors, tensor_error
 from legacy import cifar_resnet as legacy_cifar
 from modern import checkpoints
+from modern import keras_adapter
 from modern import cifar_resnet as modern_cifar
 from records import cifar10
 
@@ -327,7 +328,7 @@ def set_modern_state(modern, state):
     state, a traced assign-all five seconds to trace)."""
     pairs = [(modern.names[n], state["weights"][n]) for n in sorted(state["weights"])]
     for n in sorted(state["slots_for"]):
-        pairs += zip(modern_cifar.adam_slots(modern.optimizer, modern.names[n]), state["slots"][n])
+        pairs += zip(keras_adapter.adam_slots(modern.optimizer, modern.names[n]), state["slots"][n])
     pairs.append((modern.optimizer.iterations, np.int64(state["step"])))
     for target, value in pairs:
         variable = target.value if isinstance(target, keras.Variable) else target  # the tf.Variable
@@ -337,7 +338,7 @@ def set_modern_state(modern, state):
 
 
 def modern_slots(modern, names):
-    return {n: tuple(s.numpy() for s in modern_cifar.adam_slots(modern.optimizer, modern.names[n])) for n in names}
+    return {n: tuple(s.numpy() for s in keras_adapter.adam_slots(modern.optimizer, modern.names[n])) for n in names}
 
 
 def modern_masks(modern, element):

@@ -56,10 +56,12 @@ import numpy as np
 
 from legacy import towers  # noqa: E402  (installs the tf-slim compatibility alias first)
 from legacy.towers import average_gradients  # noqa: E402  (was: from prepared_functions import ...)
+from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 import tf_slim as slim  # noqa: E402
 from tf_slim import nets  # noqa: E402  (was tensorflow.contrib.slim.nets)
 from records import cifar10  # noqa: E402
+from records.progress import progress  # noqa: E402
 from records.cifar10 import parser_tfrecords, preprocess_for_test  # noqa: E402  (were utils.*)
 
 """
@@ -93,10 +95,6 @@ checkpoint_exclude_scopes = "Logits"
 EMBEDDED_DATA_DIR = cifar10.DEFAULT_DATA_DIR
 EMBEDDED_PROFILE = cifar10.EMBEDDED_PROFILE  # batch_size 16, valid_batch_size 50, epochs 8
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
-
-
-class TrainerError(Exception):
-    """A one-paragraph problem the user can fix (printed by main(), exit code 2)."""
 
 
 def parse_args(argv=None):
@@ -251,27 +249,9 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
                     begin, end = i * current_batch_size, (i + 1) * current_batch_size
                 _inputs = inputs[begin:end]
                 _labels = labels[begin:end]
-                """
-                ""inference
-                """
-                with slim.arg_scope(nets.resnet_v2.resnet_arg_scope()):
-                    net, end_points = nets.resnet_v2.resnet_v2_50(_inputs, num_classes=None, is_training=is_training)
-                with tf.variable_scope("Logits"):
-                    net = tf.squeeze(net, axis=[1, 2])
-                    g.pre_dropout.append(net)
-                    # slim.dropout's is_training defaults to True: the original switches dropout off
-                    # in validation by feeding keep_prob 1.
-                    net = slim.dropout(net, keep_prob=keep_prob, scope="scope")
-                    g.dropout_noise.append(_dropout_noise(tf.get_default_graph().get_name_scope()))
-                    logits = slim.fully_connected(net, num_outputs=num_classes,
-                                                  activation_fn=None, scope="fc")
+                logits, loss = tower_loss(g, _inputs, _labels, is_training, keep_prob, num_classes)
                 # the towers share the model's variables
                 tf.get_variable_scope().reuse_variables()
-                """
-                ""Loss
-                """
-                losses = tf.nn.softmax_cross_entropy_with_logits_v2(logits=logits, labels=_labels)
-                loss = tf.reduce_mean(losses)
                 # compute this tower's gradients and keep them
                 grads = optimizer.compute_gradients(loss)
                 tower_grads.append(grads)
@@ -332,6 +312,34 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     return g
 
 
+def tower_loss(g, inputs, labels, is_training, keep_prob, num_classes=num_classes):
+    """One tower: ResNet-v2-50 on the tower's rows, the dropout and fc head, the mean cross-entropy.
+
+    The original's inline tower body (the `tower_loss` of TF's cifar10_multi_gpu_train), creating
+    the same ops under the same names; records the tower's dropout input and noise in `g`.
+    Returns (logits, loss).
+    """
+    """
+    ""inference
+    """
+    with slim.arg_scope(nets.resnet_v2.resnet_arg_scope()):
+        net, end_points = nets.resnet_v2.resnet_v2_50(inputs, num_classes=None, is_training=is_training)
+    with tf.variable_scope("Logits"):
+        net = tf.squeeze(net, axis=[1, 2])
+        g.pre_dropout.append(net)
+        # slim.dropout's is_training defaults to True: the original switches dropout off
+        # in validation by feeding keep_prob 1.
+        net = slim.dropout(net, keep_prob=keep_prob, scope="scope")
+        g.dropout_noise.append(_dropout_noise(tf.get_default_graph().get_name_scope()))
+        logits = slim.fully_connected(net, num_outputs=num_classes,
+                                      activation_fn=None, scope="fc")
+    """
+    ""Loss
+    """
+    losses = tf.nn.softmax_cross_entropy_with_logits_v2(logits=logits, labels=labels)
+    return logits, tf.reduce_mean(losses)
+
+
 def _dropout_noise(tower_logits_scope):
     """The uniform [0, 1) noise tensor inside this tower's slim.dropout (`<Logits scope>/scope/dropout/`)."""
     prefix = tower_logits_scope + "/scope/dropout/"
@@ -379,7 +387,7 @@ def restore_pretrained(sess, saver_restore, path, variables_to_restore, explicit
     """Restore `variables_to_restore` (all model variables but Logits) from the checkpoint at `path`.
 
     Port: the names and shapes are checked first (`tf.train.list_variables`), and a mismatch is a
-    `TrainerError` listing the variables, not a restore traceback.  A missing checkpoint is an error
+    `UsageError` listing the variables, not a restore traceback.  A missing checkpoint is an error
     when `explicit`, else (the original's default path) a log line and training from scratch.
     Returns True when restored.
     """
@@ -387,14 +395,14 @@ def restore_pretrained(sess, saver_restore, path, variables_to_restore, explicit
         path = tf.train.latest_checkpoint(path) or path
     if not path or not (os.path.exists(path) or os.path.exists(path + ".index")):
         if explicit:
-            raise TrainerError(f"pretrained checkpoint {path} not found")
+            raise UsageError(f"pretrained checkpoint {path} not found")
         log(f"pretrained checkpoint {path or resnet_model_path} is unavailable: training from scratch "
             f"(the original restored the slim resnet_v2_50.ckpt here)")
         return False
     try:
         listed = dict(tf.train.list_variables(path))
     except (tf.errors.OpError, ValueError) as error:
-        raise TrainerError(f"pretrained checkpoint {path} cannot be read: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"pretrained checkpoint {path} cannot be read: {str(error).splitlines()[0]}") from None
     missing = [v.op.name for v in variables_to_restore if v.op.name not in listed]
     mismatched = [f"{v.op.name} (graph {v.shape.as_list()}, checkpoint {listed[v.op.name]})"
                   for v in variables_to_restore
@@ -405,7 +413,7 @@ def restore_pretrained(sess, saver_restore, path, variables_to_restore, explicit
             parts.append(f"{len(missing)} variables missing from it: {_some(missing)}")
         if mismatched:
             parts.append(f"{len(mismatched)} with other shapes: {_some(mismatched)}")
-        raise TrainerError(f"pretrained checkpoint {path} does not fit the ResNet-v2-50 backbone "
+        raise UsageError(f"pretrained checkpoint {path} does not fit the ResNet-v2-50 backbone "
                            f"(all model variables but {checkpoint_exclude_scopes}): {'; '.join(parts)}")
     with sess.graph.as_default():
         saver_restore.restore(sess, path)
@@ -471,7 +479,7 @@ def run_batch(sess, fetches, feed, cut, step, split):
 
 
 def check_finite(tower_losses, step, split, cut):
-    """Port: a NaN loss stops training (TrainerError naming step and towers), except under --split=static."""
+    """Port: a NaN loss stops training (UsageError naming step and towers), except under --split=static."""
     bad = [i for i, value in enumerate(tower_losses) if not np.isfinite(value)]
     if not bad:
         return
@@ -479,7 +487,7 @@ def check_finite(tower_losses, step, split, cut):
         log(f"step {step}: loss NaN on towers {bad} (rows per tower {cut.sizes}): the expected NaN of the seed's "
             f"bug (--split=static), reported, not an error; training continues as the original did")
         return
-    raise TrainerError(f"the loss turned {tower_losses[bad[0]]} at step {step} on tower{'s' if len(bad) > 1 else ''} "
+    raise UsageError(f"the loss turned {tower_losses[bad[0]]} at step {step} on tower{'s' if len(bad) > 1 else ''} "
                        f"{', '.join(map(str, bad))} (rows per tower {cut.sizes}, split {split}); training stopped. "
                        f"Try a lower learning rate (--values) or check the input data")
 
@@ -516,7 +524,7 @@ def resolve_data(args):
     """Which TFRecords to read, and the profile (embedded or original) filling unset flags."""
     if args.data_dir or args.train_tfrecords or args.test_tfrecords:
         if not args.data_dir and not (args.train_tfrecords and args.test_tfrecords):
-            raise TrainerError("give --data_dir, or both --train_tfrecords and --test_tfrecords")
+            raise UsageError("give --data_dir, or both --train_tfrecords and --test_tfrecords")
         train = args.train_tfrecords or [os.path.join(args.data_dir, cifar10.TRAIN_FILE)]
         test = args.test_tfrecords or [os.path.join(args.data_dir, cifar10.TEST_FILE)]
         profile, name = ORIGINAL_PROFILE, "the original's"
@@ -551,31 +559,24 @@ def session_config(num_towers, grappler="auto", devices=None):
     return config
 
 
-def ensure_writable(folder, what):
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, ".write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as error:
-        raise TrainerError(f"the {what} folder {folder} cannot be written ({error.strerror or error}); "
-                           f"choose another with --{what}_dir") from None
-
-
 def train(args):
     train_tfrecords, test_tfrecords = resolve_data(args)
     counts = cifar10.check_tfrecord_files(train_tfrecords + test_tfrecords)
-    log(f"records: {sum(counts[:len(train_tfrecords)])} train, {sum(counts[len(train_tfrecords):])} valid")
+    num_train = sum(counts[:len(train_tfrecords)])
+    total_steps = -(-num_train // args.batch_size) * args.epochs  # the iterator's batches
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    log(f"records: {num_train} train, {sum(counts[len(train_tfrecords):])} valid; {total_steps} steps "
+        f"({args.epochs} epochs of {-(-num_train // args.batch_size)} batches of up to {args.batch_size})")
     if args.split == "static" and args.batch_size < args.num_towers:
-        raise TrainerError(f"--split=static with batch_size {args.batch_size} < {args.num_towers} towers: the "
+        raise UsageError(f"--split=static with batch_size {args.batch_size} < {args.num_towers} towers: the "
                            f"constant per-tower size batch_size // towers would be 0")
     models_path = os.path.join(args.model_dir, "train-model.ckpt")  # saver path
     logs_train_dir = os.path.join(args.log_dir, "train")
     logs_valid_dir = os.path.join(args.log_dir, "valid")
-    ensure_writable(args.model_dir, "model")
+    check_writable(args.model_dir, "--model_dir")
     for dir_name in [args.log_dir, logs_train_dir, logs_valid_dir]:
-        ensure_writable(dir_name, "log")
+        check_writable(dir_name, "--log_dir")
 
     with tf.Graph().as_default():
         iterator, image_batch, label_batch, val_iterator, val_image_batch, val_label_batch = make_datasets(
@@ -640,7 +641,8 @@ def train(args):
                 if step % args.log_every == 0:
                     # Quirk kept: Loss is the last tower's, Train_Acc tower 0's.
                     print('Step: {},Train_Acc: {:.4f},Loss: {:.8f}'.format(step, acc_t, loss_t)
-                          + f",Examples/sec: {interval_rows / max(interval_time, 1e-9):.1f}", flush=True)
+                          + f",Examples/sec: {interval_rows / max(interval_time, 1e-9):.1f}"
+                          + progress(step, total_steps, time.time() - start_time, step), flush=True)
                     train_writer.add_summary(summary_str, step)
                     interval_rows, interval_time = 0, 0.0
                 if step % args.valid_every == 0:  # validation accuracy
@@ -683,11 +685,7 @@ def main(argv=None):
         tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime
     warnings.filterwarnings("ignore", message="`layer.apply` is deprecated", category=UserWarning)  # slim's layers
     tf.get_logger().setLevel("ERROR")                          # tf.compat.v1 deprecation notices
-    try:
-        return train(args)
-    except (TrainerError, cifar10.CifarDataError, towers.SplitError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
+    return run_main(train, args, also=(cifar10.CifarDataError, towers.SplitError))
 
 
 if __name__ == "__main__":

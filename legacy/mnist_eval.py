@@ -30,11 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ sta
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from legacy import mnist_inference  # noqa: E402
+from legacy.runtime import UsageError, run_main  # noqa: E402
 from records import mnist as mnist_records  # noqa: E402
-
-
-class EvalError(Exception):
-    """Missing checkpoint or data: reported as one paragraph, exit code 2."""
 
 
 def parse_args(argv=None):
@@ -68,14 +65,14 @@ def evaluate_checkpoint(images, labels, model_save_path, moving_average_decay=0.
 
         ckpt = tf.train.get_checkpoint_state(model_save_path)
         if not (ckpt and ckpt.model_checkpoint_path):
-            raise EvalError(f"no checkpoint found in {model_save_path}: train first "
+            raise UsageError(f"no checkpoint found in {model_save_path}: train first "
                             "(python legacy/mnist_multi_gpu.py) or pass --model_save_path")
         with tf.Session() as sess:
             try:
                 saver.restore(sess, ckpt.model_checkpoint_path)
             except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, ValueError) as e:
                 message = getattr(e, "message", str(e)).split("\n")[0]
-                raise EvalError(f"cannot restore the moving averages from {ckpt.model_checkpoint_path} "
+                raise UsageError(f"cannot restore the moving averages from {ckpt.model_checkpoint_path} "
                                 f"(not a checkpoint of legacy/mnist_multi_gpu.py?): {message}") from None
             global_step = ckpt.model_checkpoint_path.split('/')[-1].split('-')[-1]
             return global_step, float(sess.run(accuracy, feed_dict=validate_feed))
@@ -86,7 +83,7 @@ def evaluate(args):
         data_path = args.data_path or mnist_records.ensure_default_data().eval
         images, labels = mnist_records.load_tfrecords(data_path)
     except mnist_records.MnistDataError as e:
-        raise EvalError(str(e)) from None
+        raise UsageError(str(e)) from None
     # The trainer's parser casts the raw 0..255 pixels to float without scaling; so does this.
     images = images.astype('float32')
     while True:
@@ -101,12 +98,7 @@ def evaluate(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        evaluate(args)
-    except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(evaluate, args)
 
 
 if __name__ == '__main__':

@@ -31,7 +31,6 @@ Where the port differs, and why (each also commented in place):
 import argparse
 import os
 import sys
-import tempfile
 import time
 from datetime import datetime
 from types import SimpleNamespace
@@ -43,12 +42,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ sta
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from legacy import mnist_inference  # noqa: E402
+from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
 from legacy.towers import average_gradients, placement_message, session_config, tower_devices  # noqa: E402
 from records import mnist as mnist_records  # noqa: E402
-
-
-class TrainingError(Exception):
-    """Bad input to the program (data, model folder): reported as one paragraph, exit code 2."""
+from records.progress import progress  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,19 +215,9 @@ def resolve_data_path(data_path):
             data_path = mnist_records.ensure_default_data().train
         images, _ = mnist_records.load_tfrecords(data_path)  # reads every record: CRCs and format
     except mnist_records.MnistDataError as e:
-        raise TrainingError(str(e)) from None
+        raise UsageError(str(e)) from None
     return data_path, len(images)
 
-
-def check_writable(folder):
-    """Make the model folder and prove a file can be written there."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise TrainingError(f"the model folder {folder} is not writable ({e.strerror or e}); "
-                            "pass --model_save_path with a folder you can write to") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,7 +225,7 @@ def check_writable(folder):
 # ----------------------------------------------------------------------------------------------
 def train(args):
     data_path, num_examples = resolve_data_path(args.data_path)
-    check_writable(args.model_save_path)
+    check_writable(args.model_save_path, "--model_save_path")
     n_gpu = args.num_gpus
     devices = tower_devices(n_gpu)
     print(f"data: {data_path} ({num_examples} examples); {placement_message(devices)}")
@@ -271,6 +258,7 @@ def train(args):
             init.run()
             summary_writer = tf.summary.FileWriter(args.model_save_path, sess.graph)
             step, done, saved = -1, None, None
+            begin = time.time()
             try:
                 for step in range(args.training_steps):
                     start_time = time.time()
@@ -286,7 +274,8 @@ def train(args):
                         examples_per_sec = num_examples_per_step / duration
                         sec_per_batch = duration / n_gpu
                         format_str = '%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)'
-                        print(format_str % (datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
+                        print(format_str % (datetime.now(), step, loss_value, examples_per_sec, sec_per_batch)
+                              + progress(step + 1, args.training_steps, time.time() - begin, step + 1))
 
                         # As in the original, the summaries run on their own, which pulls one more
                         # batch through the towers (the gradient histograms need one), unused for training.
@@ -303,7 +292,7 @@ def train(args):
                 if done is not None and saved != done:
                     g.saver.save(sess, checkpoint_path, global_step=done)
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-                raise TrainingError(f"reading {data_path} failed at step {step}: {e.message}") from None
+                raise UsageError(f"reading {data_path} failed at step {step}: {e.message}") from None
             finally:
                 summary_writer.close()
     print(f"checkpoints and events in {args.model_save_path}")
@@ -313,12 +302,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.tf1_behavior:
         tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime
-    try:
-        train(args)
-    except TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(train, args)
 
 
 if __name__ == '__main__':

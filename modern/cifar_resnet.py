@@ -15,7 +15,7 @@ step, best validation accuracy).
 The same training as the legacy graph, written the TF2 way:
   towers sliced from a fed batch      ->  tf.data + strategy.experimental_distribute_dataset
   slim resnet_v2_50 + Logits head     ->  modern.resnet_v2.resnet_v2_50 (slim-exact, same names)
-  per-tower mean loss, average_gradients  ->  compute_replica_loss (scaled by the global batch),
+  per-tower mean loss, average_gradients  ->  replica_gradients (scaled by the global batch),
                                           gradients SUM-all-reduced by the optimizer
   AdamOptimizer(piecewise_constant)   ->  make_optimizer: Adam(PiecewiseConstantDecay, epsilon=1e-8), each
                                           variable updated by TF1's fused ApplyAdam kernel (FusedAdam)
@@ -57,6 +57,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modern import checkpoints as tf1_checkpoints  # noqa: E402
+from modern.keras_adapter import adam_slots, resource_handle  # noqa: E402
 from modern import cluster  # noqa: E402
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
 from modern.runtime import (UsageError, check_writable, enable_determinism,  # noqa: E402
@@ -240,49 +241,32 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
 # ----------------------------------------------------------------------------------------------
 # Loss and gradients of one replica.
 # ----------------------------------------------------------------------------------------------
-def _replica_forward(model, x, y_onehot, global_batch_size, training, weights=None):
-    logits = model(x, training=training)
-    per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
-    # Legacy: each tower takes the MEAN over its b rows, then average_gradients the mean over N
-    # towers: weight 1/(N*b) per row.  Here each replica SUMS its rows / global batch B, and the
-    # replicas' gradients are SUMMED: weight 1/B per row, the same when B = N*b.  On an uneven batch
-    # (7 rows: 4 + 3) averaging tower means would weigh rows 1/8 and 1/6 (and the legacy fix drops
-    # the 7th row instead); here every row weighs exactly 1/7.
-    loss = tf.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=global_batch_size)
-    # No `model.losses`: the conv kernels carry slim's weight-decay regularisers, but the legacy
-    # program never adds tf.GraphKeys.REGULARIZATION_LOSSES to its loss, so neither do we.
-    return loss, logits
+def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
+    """One replica's training forward and backward pass, before the all-reduce.
 
+    Its loss is its share of the global batch's: the sum of its rows' cross-entropy divided by
+    global_batch_size, so that the replicas' losses and gradients SUMMED are the mean over the
+    global batch.  Legacy: each tower takes the MEAN over its b rows, then average_gradients the
+    mean over N towers: weight 1/(N*b) per row; here 1/B per row, the same when B = N*b.  On an
+    uneven batch (7 rows: 4 + 3) averaging tower means would weigh rows 1/8 and 1/6 (and the legacy
+    fix drops the 7th row instead); here every row weighs exactly 1/7.
+    No `model.losses`: the conv kernels carry slim's weight-decay regularisers, but the legacy
+    program never adds tf.GraphKeys.REGULARIZATION_LOSSES to its loss, so neither do we.
 
-def compute_replica_loss(model, x, y_onehot, global_batch_size, training=True, weights=None):
-    """This replica's share of the loss: sum of its rows' cross-entropy / global_batch_size.
-
-    Summed over the replicas it is the mean cross-entropy of the global batch (see _replica_forward
-    for how that maps onto the legacy per-tower mean and average over towers).
     Args:
-      model: the Keras ResNet (modern.resnet_v2); called with `training`.
-      x: float32 [rows, 32, 32, 3], preprocessed; y_onehot: float32 [rows, num_classes].
+      model: the Keras ResNet (modern.resnet_v2), called in training mode.
+      x: float32 [rows, 32, 32, 3], preprocessed; y_onehot: float32 [rows, num_classes]; the
+        replica must hold at least one row (see spread_short_batch).
       global_batch_size: rows of the whole step over all replicas (int or int32 tensor), counted
         by weight (see spread_short_batch).
       weights: optional per-row weights [rows] (spread_short_batch's); None means all 1.
+    Returns (loss, gradients aligned with model.trainable_variables, logits).
     """
-    return _replica_forward(model, x, y_onehot, global_batch_size, training, weights)[0]
-
-
-def _replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
-    variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        loss, logits = _replica_forward(model, x, y_onehot, global_batch_size, True, weights)
-    return loss, tape.gradient(loss, variables), logits
-
-
-def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
-    """(loss, gradients aligned with model.trainable_variables) of one replica, before the all-reduce.
-
-    The replica must hold at least one row (see spread_short_batch).
-    """
-    loss, grads, _ = _replica_gradients(model, x, y_onehot, global_batch_size, weights)
-    return loss, grads
+        logits = model(x, training=True)
+        per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
+        loss = tf.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=global_batch_size)
+    return loss, tape.gradient(loss, model.trainable_variables), logits
 
 
 def _global_rows(rows, weights):
@@ -332,7 +316,7 @@ class FusedAdam(keras.optimizers.Adam):
     with (1 - beta1) taken in float32 as TF1 does (Keras takes it in float64 and rounds: 0.1 vs
     0.100000024), so the update is TF1's own arithmetic.  The beta powers stay Keras'
     pow(beta, iterations + 1), and the rate is `learning_rate` read before `iterations` is
-    incremented: the schedule, the slots (`_momentums`, `_velocities`, see `adam_slots`), the
+    incremented: the schedule, the slots (`keras_adapter.adam_slots`), the
     checkpoint layout and everything else are Keras' Adam's.
     """
 
@@ -344,27 +328,10 @@ class FusedAdam(keras.optimizers.Adam):
         beta_1, beta_2 = tf.constant(self.beta_1, dtype), tf.constant(self.beta_2, dtype)
         m, v = adam_slots(self, variable)
         return tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable), m=_handle(m), v=_handle(v),
+            var=resource_handle(variable), m=resource_handle(m), v=resource_handle(v),
             beta1_power=tf.pow(beta_1, local_step), beta2_power=tf.pow(beta_2, local_step),
             lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
             epsilon=tf.constant(self.epsilon, dtype), grad=tf.cast(gradient, dtype), use_locking=False)
-
-
-def _handle(variable):
-    """The resource handle of a Keras variable's (or a tf.Variable's) current replica copy."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value  # the tf.Variable (a MirroredVariable under a strategy)
-    return variable.handle
-
-
-def adam_slots(optimizer, variable):
-    """(m, v): the first- and second-moment slot variables Adam keeps for a model variable.
-
-    Keras 3 has no public accessor (TF1: `optimizer.get_slot(var, 'm')`); the one place that
-    names the private attributes, for Keras' Adam and FusedAdam alike.
-    """
-    index = optimizer._get_variable_index(variable)
-    return optimizer._momentums[index], optimizer._velocities[index]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +358,7 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
         global_rows = global_batch_size
         if global_rows is None:
             global_rows = _global_rows(tf.shape(x)[0], weights)
-        loss, grads, logits = _replica_gradients(model, x, y_onehot, global_rows, weights)
+        loss, grads, logits = replica_gradients(model, x, y_onehot, global_rows, weights)
         optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one Adam update
         hits = tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.float32)
         if weights is None:

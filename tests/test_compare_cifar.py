@@ -134,7 +134,7 @@ def test_legacy_average_gradients_that_sums_fails_the_gradient_check(harness, mo
 
 
 def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_check(harness, monkeypatch):
-    real = modern_cifar._replica_gradients
+    real = modern_cifar.replica_gradients
     fc_kernel = harness.modern.names["Logits/fc/weights"]
     index = [id(v) for v in harness.modern.model.trainable_variables].index(id(fc_kernel))
 
@@ -142,7 +142,7 @@ def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_che
         loss, grads, logits = real(*args, **kwargs)
         return loss, [g * 1.001 if i == index else g for i, g in enumerate(grads)], logits
 
-    monkeypatch.setattr(modern_cifar, "_replica_gradients", scaled)
+    monkeypatch.setattr(modern_cifar, "replica_gradients", scaled)
     results = by_check(compare_cifar.check_training(with_train_step(harness), harness.xs[-1], harness.ys[-1]))
     assert results["forward (training, same dropout masks)"].status == "PASS"
     gradients = results["gradients (read out of the train step)"]

@@ -239,7 +239,7 @@ def test_dropout_noise_can_be_fed_to_impose_a_mask(fix2):
 
 def test_nan_loss_stops_training_naming_step_and_tower_except_under_static():
     cut = towers.split_rows(8, 2, "fix")
-    with pytest.raises(cifar_resnet.TrainerError, match=r"step 7 on tower 1"):
+    with pytest.raises(cifar_resnet.UsageError, match=r"step 7 on tower 1"):
         cifar_resnet.check_finite([0.5, float("nan")], 7, "fix", cut)
     cifar_resnet.check_finite([0.5, float("nan")], 7, "static", cut)  # reported, not raised
 
@@ -271,7 +271,7 @@ def test_restore_from_a_mismatched_checkpoint_names_the_variables(fix2, tmp_path
         tf.Variable(tf.zeros([3, 3, 3, 64]), name="resnet_v2_50/conv1/weights")
         sess.run(tf.global_variables_initializer())
         path = tf.train.Saver().save(sess, str(tmp_path / "wrong.ckpt"))
-    with pytest.raises(cifar_resnet.TrainerError) as error:
+    with pytest.raises(cifar_resnet.UsageError) as error:
         cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, path, fix2.g.variables_to_restore)
     message = str(error.value)
     assert "resnet_v2_50/conv1/weights (graph [7, 7, 3, 64], checkpoint [3, 3, 3, 64])" in message
@@ -282,7 +282,7 @@ def test_missing_default_checkpoint_means_training_from_scratch(fix2, capsys):
     assert not cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, "/nonexistent/resnet_v2_50.ckpt",
                                                fix2.g.variables_to_restore, explicit=False)
     assert "training from scratch" in capsys.readouterr().out
-    with pytest.raises(cifar_resnet.TrainerError, match="not found"):
+    with pytest.raises(cifar_resnet.UsageError, match="not found"):
         cifar_resnet.restore_pretrained(fix2.sess, fix2.saver_restore, "/nonexistent/resnet_v2_50.ckpt",
                                         fix2.g.variables_to_restore, explicit=True)
 
@@ -313,6 +313,7 @@ def test_embedded_run_drops_one_row_of_the_short_last_batch_and_saves_the_best_m
     assert code == 0, out[-2000:] + err[-2000:]
     assert EMBEDDED_LOG in out and "records: 21 train, 51 valid" in out
     assert "Step: 1,Train_Acc:" in out and "Examples/sec:" in out
+    assert re.search(r"Step: 2,Train_Acc: [\d.]+,Loss: [\d.]+,Examples/sec: [\d.]+ \[step 2/2, ETA 0s\]", out)
     # The README: "the fix ... drops the remainder of a batch whose rows are not a multiple of the
     # tower count ... the log counts the dropped rows".
     assert "step 2 (train): batch of 5 rows over 2 towers: current_batch_size = 5 // 2 = 2, 1 row dropped" in out
@@ -395,7 +396,7 @@ def test_bad_input_is_a_one_paragraph_error_before_any_graph(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert cifar_resnet.main(["--data_dir", str(data), "--model_dir", str(blocker / "models")]) == 2
-    assert f"the model folder {blocker / 'models'} cannot be written" in capsys.readouterr().err
+    assert f"the folder {blocker / 'models'} is not writable" in capsys.readouterr().err
     (data / "test.tfrecords").write_bytes(b"garbage" * 10)
     assert cifar_resnet.main(["--data_dir", str(data), "--model_dir", str(tmp_path / "m")]) == 2
     assert f"TFRecord file {data / 'test.tfrecords'} is truncated or corrupt" in capsys.readouterr().err
