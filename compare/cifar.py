@@ -743,13 +743,14 @@ def check_training_steps(h, xs, ys, steps_at):
     loss_err = [tensor_error(f"loss at step {s}", a, b) for s, a, b in zip(steps_at, losses_l, losses_m)]
     counters_ok = all(e.max_abs == 0 for e in count_err if "beta" not in e.name) and all(
         e.max_rel <= 64 * EPS32 for e in count_err if "beta" in e.name)
+    plural = "s" if len(steps_at) != 1 else ""
     return [
         judge("lr schedule (default boundaries)", MODEL, lr_errors, "exact", ok=all(e.max_abs == 0 for e in lr_errors),
               note=f"rate used by each step at global steps {steps_at}; boundaries {legacy.args.boundaries}"),
-        judge(f"{len(steps_at)} training steps: loss and gradients", MODEL, loss_err + grad_err, "resnet",
+        judge(f"{len(steps_at)} training step{plural}: loss and gradients", MODEL, loss_err + grad_err, "resnet",
               note="each step from the legacy state, gradients read out of both steps' Adam slots",
               extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
-        judge(f"{len(steps_at)} training steps: Adam on each side", MODEL, adam_err, "adam",
+        judge(f"{len(steps_at)} training step{plural}: Adam on each side", MODEL, adam_err, "adam",
               note=f"every weight's update and v, all {len(names)} variables ({len(free)} free conv biases "
                    f"included), against the formula with epsilon {eps}"),
         judge("step counters and beta powers", MODEL, count_err, "exact", ok=counters_ok,
