@@ -3,6 +3,7 @@
 determinism)."""
 import glob
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -215,6 +216,19 @@ def test_short_run_writes_checkpoints_summaries_and_evaluates_the_average(two_ru
         for event in tf.compat.v1.train.summary_iterator(path):
             tags.update((event.step, v.tag) for v in event.summary.value)
     assert {(10, "layer1/weights"), (10, "gradients_on_average/layer2/biases"), (10, "loss")} <= tags
+
+
+def test_eval_program_gives_the_trainers_accuracy_from_the_checkpoint_alone(small_data, two_runs, tmp_path):
+    """`python modern/mnist_eval.py`, beside legacy/mnist_eval.py: the shadows restored from the
+    checkpoint give exactly the accuracy the trainer printed at its end."""
+    folder, result = two_runs[0]
+    trained = re.search(r"After 15 training step\(s\), validation accuracy using average model is ([\d.]+)",
+                        result.stdout).group(1)
+    done = run_program(["modern/mnist_eval.py", "--model_save_path", folder, "--data_path", small_data[1]])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"After 15 training step(s), validation accuracy = {trained} (200 examples of" in done.stdout
+    empty = run_program(["modern/mnist_eval.py", "--model_save_path", tmp_path, "--data_path", small_data[1]])
+    assert empty.returncode == 2 and "no checkpoint found in" in empty.stderr
 
 
 def test_deterministic_runs_are_bit_identical(two_runs):

@@ -1,0 +1,84 @@
+"""Accuracy of the moving-average weights that `modern/mnist.py` saved: the modern `mnist_eval`.
+
+The twin of `legacy/mnist_eval.py` (the book's section 5.5 program): it builds the network, restores
+the latest checkpoint's moving-average shadows (`moving_averages/...`, written by the trainer's
+`tf.train.Checkpoint`) into its weights, and reports the accuracy on held-out data.  The trainer
+prints the same figure at its end (`--eval_data_path`); this program computes it again from the
+checkpoint alone, as the book's does.
+
+Run it (from the repository root), after training:
+
+    python modern/mnist_eval.py                           # held-out split of the embedded synthetic data
+    python modern/mnist_eval.py --data_path data/mnist/test.tfrecords --model_save_path logs_and_models/modern/
+
+Defaults: the trainer's --model_save_path and MOVING_AVERAGE_DECAY.  Evaluates once unless
+`--eval_interval_secs` is given (then it loops like the book, until interrupted).
+"""
+import argparse
+import os
+import sys
+import time
+
+if __package__ in (None, ""):  # `python modern/mnist_eval.py`: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ start-up notices
+
+import tensorflow as tf  # noqa: E402
+
+from modern import mnist  # noqa: E402
+from modern.runtime import UsageError, run_reporting_usage_errors  # noqa: E402
+from records import mnist as mnist_records  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model_save_path", default="logs_and_models/modern/", help="the trainer's --model_save_path")
+    p.add_argument("--moving_average_decay", type=float, default=0.99, help="MOVING_AVERAGE_DECAY")
+    p.add_argument("--data_path", default=None,
+                   help="held-out TFRecord in the original's format; default: the embedded synthetic eval split")
+    p.add_argument("--eval_interval_secs", type=float, default=0,
+                   help="EVAL_INTERVAL_SECS: 0 evaluates once; > 0 loops like the book")
+    return p.parse_args(argv)
+
+
+def evaluate_checkpoint(data_path, model_save_path, moving_average_decay=0.99):
+    """(global step, accuracy of the latest checkpoint's moving averages on `data_path`)."""
+    latest = tf.train.latest_checkpoint(model_save_path)
+    if latest is None:
+        raise UsageError(f"no checkpoint found in {model_save_path}: train first "
+                         "(python modern/mnist.py) or pass --model_save_path")
+    model = mnist.build_model()
+    optimizer = mnist.make_optimizer()
+    optimizer.build(model.trainable_variables)
+    _, shadows = mnist.make_moving_average(model, optimizer, moving_average_decay)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows)
+    try:
+        checkpoint.restore(latest).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as e:
+        raise UsageError(f"cannot restore the moving averages from {latest} (not a checkpoint of "
+                         f"modern/mnist.py?): {str(e).splitlines()[0]}") from None
+    return int(optimizer.iterations.numpy()), mnist.evaluate_averaged(shadows, data_path)
+
+
+def evaluate(args):
+    try:
+        data_path = args.data_path or mnist_records.ensure_default_data().eval
+        _, labels = mnist_records.load_tfrecords(data_path)  # every record read: CRCs and format
+    except mnist_records.MnistDataError as e:
+        raise UsageError(str(e)) from None
+    while True:
+        step, accuracy = evaluate_checkpoint(data_path, args.model_save_path, args.moving_average_decay)
+        print("After %s training step(s), validation accuracy = %g (%d examples of %s)"
+              % (step, accuracy, len(labels), data_path))
+        if args.eval_interval_secs <= 0:
+            return accuracy
+        time.sleep(args.eval_interval_secs)
+
+
+def main(argv=None):
+    return run_reporting_usage_errors(evaluate, parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
