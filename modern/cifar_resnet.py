@@ -121,6 +121,9 @@ def parse_args(argv=None):
     p.add_argument("--log_dir", default=logs_dir)
     p.add_argument("--log_every", type=int, default=log_every)
     p.add_argument("--valid_every", type=int, default=valid_every)
+    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
+                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
+                        "then gives up with exit code 2")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--deterministic", action="store_true",
                    help="seed everything (--seed, default 0) and enable op determinism")
@@ -500,7 +503,7 @@ def train(args):
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
     # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas)
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
     embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
     check_writable(args.model_dir, "--model_dir")

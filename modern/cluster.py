@@ -31,6 +31,7 @@ CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only 
 import atexit
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -42,6 +43,9 @@ from modern.runtime import UsageError, make_strategy as make_one_host_strategy
 
 LAYOUT_FILE = "cluster_layout.json"
 PREEMPTED_EXIT_CODE = 42  # TensorFlow's own exit code after a preemption checkpoint (failure_handling)
+DEFAULT_CONNECT_TIMEOUT = 300.0  # seconds a worker waits for the others at start (--connect_timeout)
+HEARTBEAT_TIMEOUT_S = 20  # a worker whose heartbeats stop this long is lost (PeerLostError)
+SHUTDOWN_TIMEOUT_S = 60  # how long a finished worker waits for the others at exit
 
 
 class Worker:
@@ -128,13 +132,14 @@ def _check_port_free(address):
 # ----------------------------------------------------------------------------------------------
 # The strategy.
 # ----------------------------------------------------------------------------------------------
-def make_strategy(num_replicas, log=print):
+def make_strategy(num_replicas, log=print, connect_timeout=DEFAULT_CONNECT_TIMEOUT):
     """(strategy, worker): MultiWorkerMirroredStrategy when TF_CONFIG names more than one worker,
     else the one-host MirroredStrategy of `modern.runtime.make_strategy` and worker None.
 
     num_replicas is per worker.  Call first thing, before any other TensorFlow op: the strategy
     starts this worker's server and, like the logical devices, can only be set up once.
-    Waits for every other worker to start (without a time limit: see below).
+    Waits up to `connect_timeout` seconds for every other worker to start, then raises
+    UsageError naming the workers that never came (configure_coordination).
     """
     config = read_tf_config()
     if config is None or len(config[0]) == 1:
@@ -152,15 +157,58 @@ def make_strategy(num_replicas, log=print):
             f"MultiWorkerMirroredStrategy runs one replica per CPU worker (it uses GPUs or the one "
             f"/device:CPU:0, never logical CPU devices); pass --num_replicas 1, or run more workers")
     _check_port_free(addresses[index])
-    # Not bounded here: the constructor waits for every worker in TensorFlow's C++ without releasing
-    # Python's GIL (measured: a watchdog thread never ran), so a worker whose peers never come waits
-    # until it is stopped; modern.launch stops the whole cluster when one worker fails or --timeout passes.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    configure_coordination(len(addresses), connect_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+        missing = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", e.message)) - {index})
+        who = (", ".join(f"worker {i} ({addresses[i]})" for i in missing) if missing
+               else f"the chief, worker 0 ({addresses[0]})" if index else "the other workers")
+        raise UsageError(
+            f"worker {index} ({addresses[index]}) could not reach {who} within --connect_timeout "
+            f"{connect_timeout:g} s: start every worker named in TF_CONFIG (same cluster list, its own "
+            f"task index), check the addresses and firewalls, or raise --connect_timeout") from None
     worker = Worker(addresses, index, num_replicas)
     if log is not None:
         log(f"worker {index} of {worker.count} ({'chief' if worker.is_chief else 'not chief'}), "
             f"{strategy.num_replicas_in_sync} replicas in all on {', '.join(strategy.extended.worker_devices)}")
     return strategy, worker
+
+
+def configure_coordination(num_workers, connect_timeout):
+    """Set up TensorFlow's coordination service as MultiWorkerMirroredStrategy would, plus time limits.
+
+    The strategy's constructor configures the service itself (`CollectiveAllReduceExtended.
+    _initialize_multi_worker`, collective_all_reduce_strategy.py) unless one is already configured,
+    and its own configuration waits for the other workers without a limit, in C++, holding Python's
+    GIL (no Python watchdog can run).  Configured here first, with the same service (standalone,
+    led by worker 0, every worker a coordinated task) and three limits from
+    `CoordinationServiceConfig` (xla/tsl/protobuf/coordination_config.proto):
+
+      cluster_register_timeout_in_ms   a worker whose peers have not all registered within
+      + cluster_register_with_barrier  connect_timeout fails with DeadlineExceededError, the chief
+                                       included (without the barrier the chief waits forever)
+      heartbeat_timeout_in_ms          a worker silent this long is declared lost: the others'
+                                       collectives fail instead of hanging (PeerLostError)
+      shutdown_barrier_timeout_in_ms   at exit every worker waits for the others this long, so a
+                                       finished chief does not leave its peers talking to a closed
+                                       socket
+
+    TensorFlow dependencies, private: `context.context().configure_coordination_service` (the call
+    the strategy makes) and its `_coordination_service_config` (the barrier flag has no argument).
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=num_workers)],
+        cluster_register_timeout_in_ms=int(connect_timeout * 1000),
+        heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_S * 1000,
+        shutdown_barrier_timeout_in_ms=SHUTDOWN_TIMEOUT_S * 1000)
+    ctx._coordination_service_config.cluster_register_with_barrier = True
 
 
 def distribute(strategy, worker, dataset):

@@ -83,6 +83,9 @@ def parse_args(argv=None):
                    help="reproduce the original: every replica trains on the same batch")
     p.add_argument("--log_every", type=int, default=10, help="log (and write summaries) every N steps")
     p.add_argument("--save_every", type=int, default=1000, help="save a checkpoint every N steps")
+    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
+                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
+                        "then gives up with exit code 2")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--deterministic", action="store_true",
                    help="seed everything (--seed, default 0) and enable op determinism")
@@ -307,7 +310,7 @@ def train(args):
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
     # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas)
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
     data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
     check_writable(args.model_save_path, "--model_save_path")

@@ -148,6 +148,28 @@ def test_launcher_stops_every_worker_when_one_fails_at_start():
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 
 
+def test_a_worker_whose_peer_never_comes_gives_up_after_connect_timeout(tmp_path):
+    """The chief alone (worker 1 never starts): one error line naming the missing worker, exit 2,
+    no traceback, within the timeout plus TensorFlow's start-up; nothing written."""
+    import socket
+    with socket.socket() as a, socket.socket() as b:  # two free ports, released before the run
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
+                                                 "task": {"type": "worker", "index": 0}}))
+    start = time.time()
+    done = subprocess.run([sys.executable, "modern/mnist.py", "--num_replicas", "1", "--connect_timeout", "3",
+                           "--model_save_path", str(tmp_path / "model")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (f"error: worker 0 ({addresses[0]}) could not reach worker 1 ({addresses[1]}) within "
+            f"--connect_timeout 3 s") in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert time.time() - start < 40
+    assert not (tmp_path / "model").exists() or not os.listdir(tmp_path / "model")
+
+
 @pytest.mark.parametrize("config, problem", [
     ("{not json", "not valid JSON"),
     ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 2}}',
