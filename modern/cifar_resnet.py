@@ -537,7 +537,8 @@ def train(args):
     iterator = iter(dist_train_ds)
     train_step = make_train_step(model, optimizer, strategy, return_metrics=True,
                                  element_spec=dist_train_ds.element_spec)
-    eval_step = make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec)
+    eval_step = cluster.reporting_lost_peers(  # validation's all-reduces need every worker too
+        worker, args.model_dir, make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec))
     log_dir = worker.folder(args.log_dir) if worker else args.log_dir  # event files: the chief's only
     train_writer = tf.summary.create_file_writer(os.path.join(log_dir, "train"))
     valid_writer = tf.summary.create_file_writer(os.path.join(log_dir, "valid"))

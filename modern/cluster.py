@@ -122,8 +122,11 @@ def _check_port_free(address):
     if host not in ("localhost", "127.0.0.1", socket.gethostname(), "0.0.0.0"):
         return  # another interface of this host: TensorFlow binds all interfaces, probe them
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as gRPC binds: a port left in TIME_WAIT by the previous run of this worker is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", int(port)))
+            s.listen()
         except OSError as e:
             raise UsageError(f"this worker's address {address} (TF_CONFIG task index) cannot be "
                              f"listened on: port {port} is in use ({e.strerror})") from None
@@ -313,4 +316,48 @@ def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
     reader = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=None)
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, reader,
                                                                      termination_config=config)
-    return handler.run
+    return reporting_lost_peers(worker, folder, handler.run)
+
+
+# ----------------------------------------------------------------------------------------------
+# A worker lost mid-run.
+# ----------------------------------------------------------------------------------------------
+class PeerLostError(UsageError):
+    """Another worker stopped answering mid-run: one paragraph, exit code 2 (run_reporting_usage_errors)."""
+
+
+# What a collective raises when a peer is gone: UnavailableError (connection reset, or the
+# coordination service's heartbeat timeout), DeadlineExceededError, AbortedError/CancelledError
+# (collectives aborted after another worker's failure).  Measured: SIGKILL of worker 1 mid-run ->
+# worker 0's next train step raises UnavailableError "Collective ops is aborted by: recvmsg:
+# Connection reset by peer ... remote target /job:worker/replica:0/task:1" within a second.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+               tf.errors.CancelledError)
+
+
+def reporting_lost_peers(worker, folder, fn):
+    """fn, raising PeerLostError instead of the collective errors of a lost worker (on a cluster)."""
+    if worker is None:
+        return fn
+
+    def guarded(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PEER_ERRORS as e:
+            raise PeerLostError(lost_peer_message(worker, e, folder)) from None
+    return guarded
+
+
+def lost_peer_message(worker, error, folder):
+    """The paragraph a surviving worker prints: who is lost, why, and how the run goes on."""
+    lost = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", error.message)) - {worker.index})
+    who = ", ".join(f"worker {i} ({worker.addresses[i]})" for i in lost if i < worker.count) or "another worker"
+    reason = next((line.strip() for line in error.message.splitlines()
+                   if "aborted by" in line or "Connection" in line or "heartbeat" in line.lower()),
+                  error.message.strip().splitlines()[0])
+    latest = tf.train.latest_checkpoint(folder)
+    return (f"worker {worker.index} ({worker.addresses[worker.index]}) lost {who} mid-run "
+            f"({type(error).__name__}: {reason[:200]}). A MultiWorkerMirroredStrategy step needs every "
+            f"worker, so this worker stops too. Nothing is lost before the last checkpoint "
+            f"({latest or 'none yet'} in {folder}): start the whole cluster again (the same "
+            f"python -m modern.launch command, or every worker's own command) and it resumes there.")

@@ -170,6 +170,24 @@ def test_a_worker_whose_peer_never_comes_gives_up_after_connect_timeout(tmp_path
     assert not (tmp_path / "model").exists() or not os.listdir(tmp_path / "model")
 
 
+def test_a_lost_peer_is_named_with_the_way_back(tmp_path):
+    """The paragraph a survivor prints (the error is the one measured when worker 1 was SIGKILLed)."""
+    worker = cluster.Worker(["127.0.0.1:1111", "127.0.0.1:2222"], 0, 1)
+    error = tf.errors.UnavailableError(None, None, (
+        "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+        "/tensorflow.WorkerService/RecvBuf:\n"))
+    guarded = cluster.reporting_lost_peers(worker, str(tmp_path), lambda: (_ for _ in ()).throw(error))
+    with pytest.raises(cluster.PeerLostError) as raised:
+        guarded()
+    message = str(raised.value)
+    assert message.startswith("worker 0 (127.0.0.1:1111) lost worker 1 (127.0.0.1:2222) mid-run "
+                              "(UnavailableError: Collective ops is aborted by: recvmsg:Connection reset by peer)")
+    assert "none yet" in message and "start the whole cluster again" in message
+    assert isinstance(raised.value, UsageError)  # exit code 2, one paragraph, no traceback
+    assert cluster.reporting_lost_peers(None, str(tmp_path), len) is len  # one host: untouched
+
+
 @pytest.mark.parametrize("config, problem", [
     ("{not json", "not valid JSON"),
     ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 2}}',
