@@ -604,6 +604,7 @@ def train(args):
           + (f"best Valid_Acc {float(best_acc.numpy()):.4f} at step {best_step}, saved as {best_path}; "
              if best_path else f"no better Valid_Acc this run (best so far {float(best_acc.numpy()):.4f}); ")
           + f"final model {final}; rows dropped: 0 of {trained_rows}; event files in {args.log_dir}")
+    cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
 def main(argv=None):

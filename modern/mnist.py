@@ -398,6 +398,7 @@ def train(args):
         print("After %d training step(s), validation accuracy using average model is %g"
               % (int(optimizer.iterations.numpy()), accuracy))
     print(f"checkpoints and events in {args.model_save_path}")
+    cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
 def main(argv=None):
