@@ -206,7 +206,7 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
     `spread_short_batch`; `experimental_distribute_dataset` then splits each global batch over the
     replicas, the short one included (7 rows on 2 replicas: 4 + 3).  `skip_batches` skips what a
     resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker of a
-    cluster (`modern.cluster.shared_seed`).
+    cluster (`modern.cluster.shared_seed`, kept in the checkpoint).
     """
     preprocess = cifar10.preprocess_for_train if augment else cifar10.preprocess_for_test
 
@@ -466,7 +466,9 @@ def build(strategy, args, worker=None):
         optimizer = make_optimizer(args.boundaries, args.values)
         optimizer.build(model.trainable_variables)  # the slots now, so a checkpoint restores into them
         best_acc = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="best_acc")  # exact python float
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc)
+    # on a cluster the agreed shuffle seed is saved too: a resumed cluster keeps its batch order
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc,
+                                     **cluster.shared_seed(strategy, worker))
     reader, manager = cluster.checkpoint_managers(checkpoint, args.model_dir, worker, max_to_keep=5,
                                                   checkpoint_name="train-model.ckpt")
     if reader.latest_checkpoint:
@@ -531,7 +533,7 @@ def train(args):
         total_steps = min(total_steps, args.max_steps)
     train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
                                      args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start,
-                                     shuffle_seed=cluster.shared_seed(strategy, worker))
+                                     shuffle_seed=cluster.shuffle_seed(checkpoint))
     dist_train_ds = cluster.distribute(strategy, worker, train_ds)
     dist_val_ds = cluster.distribute(strategy, worker, val_ds)
     iterator = iter(dist_train_ds)

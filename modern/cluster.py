@@ -31,6 +31,7 @@ CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only 
 import atexit
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -233,16 +234,27 @@ def distribute(strategy, worker, dataset):
 
 
 def shared_seed(strategy, worker):
-    """A shuffle seed every worker agrees on (the chief's draw), or None on one host.
+    """{"shuffle_seed": a variable every worker agrees on} for the checkpoint, or {} on one host.
 
     A variable made in MultiWorkerMirroredStrategy's scope starts, on every worker, from the
     chief's initial value (a broadcast): each worker draws its own number, all keep the chief's.
+    The draw follows --seed (Python's generator, which `--seed`/`--deterministic` seed) and is
+    random without it.  Given to `tf.train.Checkpoint(..., **shared_seed(...))` before the restore,
+    it is saved with the model and comes back on resume, so a resumed cluster, with or without
+    --seed, keeps the shuffle order it started with: the batches after the checkpoint are those
+    the uninterrupted run would have trained on (the resumed pipeline skips the trained ones).
+    Read it with `shuffle_seed(checkpoint)` after the restore.
     """
     if worker is None:
-        return None
+        return {}
     with strategy.scope():
-        seed = tf.Variable(int.from_bytes(os.urandom(4), "little") >> 1, dtype=tf.int64, trainable=False)
-    return int(seed.numpy())
+        return {"shuffle_seed": tf.Variable(random.getrandbits(31), dtype=tf.int64, trainable=False)}
+
+
+def shuffle_seed(checkpoint):
+    """The agreed (or restored) shuffle seed in `checkpoint` as an int, or None on one host."""
+    seed = getattr(checkpoint, "shuffle_seed", None)
+    return None if seed is None else int(seed.numpy())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     `batch_size` is tiled num_replicas times, so the strategy hands every replica the same rows, as
     the original's single `get_input()` call feeds every tower.  `skip_batches` skips the batches a
     resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker
-    of a cluster (`modern.cluster.shared_seed`).
+    of a cluster (`modern.cluster.shared_seed`, kept in the checkpoint).
 
     Speed (the same batches): the original parses each record, then shuffles and batches; here the
     serialized records are shuffled and batched, then the original's parser runs over the whole
@@ -329,7 +329,9 @@ def train(args):
         optimizer = make_optimizer(args.learning_rate_base, 60000 / args.batch_size, args.learning_rate_decay)
         optimizer.build(model.trainable_variables)
         ema, shadows = make_moving_average(model, optimizer, args.moving_average_decay)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows)
+    # on a cluster the agreed shuffle seed is saved too: a resumed cluster keeps its batch order
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows,
+                                     **cluster.shared_seed(strategy, worker))
     # On a cluster only the chief's `manager` writes model_save_path (the others a temporary folder).
     reader, manager = cluster.checkpoint_managers(checkpoint, args.model_save_path, worker, max_to_keep=5,
                                                   checkpoint_name=args.model_name)
@@ -343,7 +345,7 @@ def train(args):
         print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
 
     dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start,
-                        shuffle_seed=cluster.shared_seed(strategy, worker))
+                        shuffle_seed=cluster.shuffle_seed(checkpoint))
     dist_dataset = cluster.distribute(strategy, worker, dataset)
     iterator = iter(dist_dataset)
     train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True,

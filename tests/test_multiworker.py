@@ -133,6 +133,35 @@ def test_sigterm_and_sigkill_resume_without_retraining_a_step(tmp_path):
         assert json.load(f) == {"workers": 2, "replicas_per_worker": 1}
 
 
+def _cluster_losses(model_dir, *args):
+    """{step: loss} worker 0 printed, in a 2-worker MNIST run of `args` in model_dir."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "modern.launch", "--workers", "2", "--grace", "5", "--",
+                           "modern/mnist.py", "--log_every", "1", "--batch_size", "20",
+                           "--model_save_path", str(model_dir), *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return {int(m[1]): m[2] for m in re.finditer(r"\[worker 0\] .*: step (\d+), loss = ([-\w.]+)", done.stdout)}
+
+
+def test_a_resumed_cluster_without_seed_sees_the_batches_of_an_uninterrupted_run(tmp_path):
+    """The chief's shuffle seed (an unseeded draw) travels in the checkpoint: a copy of an
+    uninterrupted unseeded run, cut back to its step-10 checkpoint and resumed (no --seed), trains
+    steps 11..29 with the uninterrupted run's losses; a fresh draw would shuffle other batches."""
+    import shutil
+    whole_dir, resumed_dir = tmp_path / "whole", tmp_path / "resumed"
+    whole = _cluster_losses(whole_dir, "--training_steps", 30, "--save_every", 10)
+    shutil.copytree(whole_dir, resumed_dir)
+    tf.compat.v1.train.update_checkpoint_state(str(resumed_dir), str(resumed_dir / "model.ckpt-10"))
+    resumed = _cluster_losses(resumed_dir, "--training_steps", 30)
+    assert sorted(resumed) == list(range(11, 30))
+    assert resumed == {step: whole[step] for step in range(11, 30)}
+    seeds = [tf.train.load_checkpoint(str(d)).get_tensor("shuffle_seed/.ATTRIBUTES/VARIABLE_VALUE")
+             for d in (whole_dir, resumed_dir)]
+    assert seeds[0] == seeds[1] and 0 <= int(seeds[0]) < 2 ** 31
+
+
 # ----------------------------------------------------------------------------------------------
 # The launcher, and bad input.
 # ----------------------------------------------------------------------------------------------
