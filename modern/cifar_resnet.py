@@ -122,6 +122,9 @@ def parse_args(argv=None):
     p.add_argument("--log_dir", default=logs_dir)
     p.add_argument("--log_every", type=int, default=log_every)
     p.add_argument("--valid_every", type=int, default=valid_every)
+    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
+                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
+                        "then gives up with exit code 2")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--deterministic", action="store_true",
                    help="seed everything (--seed, default 0) and enable op determinism")
@@ -204,7 +207,7 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
     `spread_short_batch`; `experimental_distribute_dataset` then splits each global batch over the
     replicas, the short one included (7 rows on 2 replicas: 4 + 3).  `skip_batches` skips what a
     resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker of a
-    cluster (`modern.cluster.shared_seed`).
+    cluster (`modern.cluster.shared_seed`, kept in the checkpoint).
     """
     preprocess = cifar10.preprocess_for_train if augment else cifar10.preprocess_for_test
 
@@ -430,7 +433,9 @@ def build(strategy, args, worker=None):
         optimizer = make_optimizer(args.boundaries, args.values)
         optimizer.build(model.trainable_variables)  # the slots now, so a checkpoint restores into them
         best_acc = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="best_acc")  # exact python float
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc)
+    # on a cluster the agreed shuffle seed is saved too: a resumed cluster keeps its batch order
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, best_acc=best_acc,
+                                     **cluster.shared_seed(strategy, worker))
     reader, manager = cluster.checkpoint_managers(checkpoint, args.model_dir, worker, max_to_keep=5,
                                                   checkpoint_name="train-model.ckpt")
     if reader.latest_checkpoint:
@@ -467,7 +472,7 @@ def train(args):
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
     # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas)
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
     embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
     check_writable(args.model_dir, "--model_dir")
@@ -495,13 +500,14 @@ def train(args):
         total_steps = min(total_steps, args.max_steps)
     train_ds, val_ds = make_datasets(train_files, valid_files, args.batch_size, args.valid_batch_size,
                                      args.shuffle_buffer, args.epochs, n, args.augment, skip_batches=start,
-                                     shuffle_seed=cluster.shared_seed(strategy, worker))
+                                     shuffle_seed=cluster.shuffle_seed(checkpoint))
     dist_train_ds = cluster.distribute(strategy, worker, train_ds)
     dist_val_ds = cluster.distribute(strategy, worker, val_ds)
     iterator = iter(dist_train_ds)
     train_step = make_train_step(model, optimizer, strategy, return_metrics=True,
                                  element_spec=dist_train_ds.element_spec)
-    eval_step = make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec)
+    eval_step = cluster.reporting_lost_peers(  # validation's all-reduces need every worker too
+        worker, args.model_dir, make_eval_step(model, strategy, element_spec=dist_val_ds.element_spec))
     log_dir = worker.folder(args.log_dir) if worker else args.log_dir  # event files: the chief's only
     train_writer = tf.summary.create_file_writer(os.path.join(log_dir, "train"))
     valid_writer = tf.summary.create_file_writer(os.path.join(log_dir, "valid"))
@@ -567,6 +573,7 @@ def train(args):
           + (f"best Valid_Acc {float(best_acc.numpy()):.4f} at step {best_step}, saved as {best_path}; "
              if best_path else f"no better Valid_Acc this run (best so far {float(best_acc.numpy()):.4f}); ")
           + f"final model {final}; rows dropped: 0 of {trained_rows}; event files in {args.log_dir}")
+    cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
 def main(argv=None):

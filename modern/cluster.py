@@ -31,6 +31,8 @@ CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only 
 import atexit
 import json
 import os
+import random
+import re
 import shutil
 import socket
 import sys
@@ -42,6 +44,9 @@ from modern.runtime import UsageError, make_strategy as make_one_host_strategy
 
 LAYOUT_FILE = "cluster_layout.json"
 PREEMPTED_EXIT_CODE = 42  # TensorFlow's own exit code after a preemption checkpoint (failure_handling)
+DEFAULT_CONNECT_TIMEOUT = 300.0  # seconds a worker waits for the others at start (--connect_timeout)
+HEARTBEAT_TIMEOUT_S = 20  # a worker whose heartbeats stop this long is lost (PeerLostError)
+SHUTDOWN_TIMEOUT_S = 60  # how long a finished worker waits for the others at exit
 
 
 class Worker:
@@ -54,6 +59,7 @@ class Worker:
         self.replicas_per_worker = replicas_per_worker
         self.is_chief = index == 0  # MultiWorkerMirroredStrategy's chief when there is no 'chief' job
         self._temp = None
+        self.preemption_handler = None  # set by step_runner; stopped by finish
 
     def folder(self, path):
         """Where this worker writes what belongs in `path`: `path` on the chief, else a temporary
@@ -118,8 +124,11 @@ def _check_port_free(address):
     if host not in ("localhost", "127.0.0.1", socket.gethostname(), "0.0.0.0"):
         return  # another interface of this host: TensorFlow binds all interfaces, probe them
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as gRPC binds: a port left in TIME_WAIT by the previous run of this worker is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", int(port)))
+            s.listen()
         except OSError as e:
             raise UsageError(f"this worker's address {address} (TF_CONFIG task index) cannot be "
                              f"listened on: port {port} is in use ({e.strerror})") from None
@@ -128,13 +137,14 @@ def _check_port_free(address):
 # ----------------------------------------------------------------------------------------------
 # The strategy.
 # ----------------------------------------------------------------------------------------------
-def make_strategy(num_replicas, log=print):
+def make_strategy(num_replicas, log=print, connect_timeout=DEFAULT_CONNECT_TIMEOUT):
     """(strategy, worker): MultiWorkerMirroredStrategy when TF_CONFIG names more than one worker,
     else the one-host MirroredStrategy of `modern.runtime.make_strategy` and worker None.
 
     num_replicas is per worker.  Call first thing, before any other TensorFlow op: the strategy
     starts this worker's server and, like the logical devices, can only be set up once.
-    Waits for every other worker to start (without a time limit: see below).
+    Waits up to `connect_timeout` seconds for every other worker to start, then raises
+    UsageError naming the workers that never came (configure_coordination).
     """
     config = read_tf_config()
     if config is None or len(config[0]) == 1:
@@ -152,15 +162,58 @@ def make_strategy(num_replicas, log=print):
             f"MultiWorkerMirroredStrategy runs one replica per CPU worker (it uses GPUs or the one "
             f"/device:CPU:0, never logical CPU devices); pass --num_replicas 1, or run more workers")
     _check_port_free(addresses[index])
-    # Not bounded here: the constructor waits for every worker in TensorFlow's C++ without releasing
-    # Python's GIL (measured: a watchdog thread never ran), so a worker whose peers never come waits
-    # until it is stopped; modern.launch stops the whole cluster when one worker fails or --timeout passes.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    configure_coordination(len(addresses), connect_timeout)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+        missing = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", e.message)) - {index})
+        who = (", ".join(f"worker {i} ({addresses[i]})" for i in missing) if missing
+               else f"the chief, worker 0 ({addresses[0]})" if index else "the other workers")
+        raise UsageError(
+            f"worker {index} ({addresses[index]}) could not reach {who} within --connect_timeout "
+            f"{connect_timeout:g} s: start every worker named in TF_CONFIG (same cluster list, its own "
+            f"task index), check the addresses and firewalls, or raise --connect_timeout") from None
     worker = Worker(addresses, index, num_replicas)
     if log is not None:
         log(f"worker {index} of {worker.count} ({'chief' if worker.is_chief else 'not chief'}), "
             f"{strategy.num_replicas_in_sync} replicas in all on {', '.join(strategy.extended.worker_devices)}")
     return strategy, worker
+
+
+def configure_coordination(num_workers, connect_timeout):
+    """Set up TensorFlow's coordination service as MultiWorkerMirroredStrategy would, plus time limits.
+
+    The strategy's constructor configures the service itself (`CollectiveAllReduceExtended.
+    _initialize_multi_worker`, collective_all_reduce_strategy.py) unless one is already configured,
+    and its own configuration waits for the other workers without a limit, in C++, holding Python's
+    GIL (no Python watchdog can run).  Configured here first, with the same service (standalone,
+    led by worker 0, every worker a coordinated task) and three limits from
+    `CoordinationServiceConfig` (xla/tsl/protobuf/coordination_config.proto):
+
+      cluster_register_timeout_in_ms   a worker whose peers have not all registered within
+      + cluster_register_with_barrier  connect_timeout fails with DeadlineExceededError, the chief
+                                       included (without the barrier the chief waits forever)
+      heartbeat_timeout_in_ms          a worker silent this long is declared lost: the others'
+                                       collectives fail instead of hanging (PeerLostError)
+      shutdown_barrier_timeout_in_ms   at exit every worker waits for the others this long, so a
+                                       finished chief does not leave its peers talking to a closed
+                                       socket
+
+    TensorFlow dependencies, private: `context.context().configure_coordination_service` (the call
+    the strategy makes) and its `_coordination_service_config` (the barrier flag has no argument).
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=num_workers)],
+        cluster_register_timeout_in_ms=int(connect_timeout * 1000),
+        heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_S * 1000,
+        shutdown_barrier_timeout_in_ms=SHUTDOWN_TIMEOUT_S * 1000)
+    ctx._coordination_service_config.cluster_register_with_barrier = True
 
 
 def distribute(strategy, worker, dataset):
@@ -181,16 +234,27 @@ def distribute(strategy, worker, dataset):
 
 
 def shared_seed(strategy, worker):
-    """A shuffle seed every worker agrees on (the chief's draw), or None on one host.
+    """{"shuffle_seed": a variable every worker agrees on} for the checkpoint, or {} on one host.
 
     A variable made in MultiWorkerMirroredStrategy's scope starts, on every worker, from the
     chief's initial value (a broadcast): each worker draws its own number, all keep the chief's.
+    The draw follows --seed (Python's generator, which `--seed`/`--deterministic` seed) and is
+    random without it.  Given to `tf.train.Checkpoint(..., **shared_seed(...))` before the restore,
+    it is saved with the model and comes back on resume, so a resumed cluster, with or without
+    --seed, keeps the shuffle order it started with: the batches after the checkpoint are those
+    the uninterrupted run would have trained on (the resumed pipeline skips the trained ones).
+    Read it with `shuffle_seed(checkpoint)` after the restore.
     """
     if worker is None:
-        return None
+        return {}
     with strategy.scope():
-        seed = tf.Variable(int.from_bytes(os.urandom(4), "little") >> 1, dtype=tf.int64, trainable=False)
-    return int(seed.numpy())
+        return {"shuffle_seed": tf.Variable(random.getrandbits(31), dtype=tf.int64, trainable=False)}
+
+
+def shuffle_seed(checkpoint):
+    """The agreed (or restored) shuffle seed in `checkpoint` as an int, or None on one host."""
+    seed = getattr(checkpoint, "shuffle_seed", None)
+    return None if seed is None else int(seed.numpy())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,4 +329,67 @@ def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
     reader = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=None)
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(resolver, reader,
                                                                      termination_config=config)
-    return handler.run
+    worker.preemption_handler = handler
+    return reporting_lost_peers(worker, folder, handler.run)
+
+
+def finish(worker):
+    """At the clean end of a run, on every worker: leave together, without error noise.
+
+    The PreemptionCheckpointHandler keeps a thread per worker blocked on a key of the chief's
+    coordination service (`_watch_step_to_save_key`); a chief that exits first leaves it raising
+    "UnavailableError: Socket closed" (measured on the full MNIST run).  So: release every worker's
+    watcher (the handler's own clean-up, `_stop_cluster_wise_termination_watcher_thread`, private),
+    then wait at a coordination-service barrier (`context.wait_at_barrier`) until every worker has.
+    """
+    if worker is None:
+        return
+    from tensorflow.python.eager import context
+
+    if worker.preemption_handler is not None:
+        worker.preemption_handler._stop_cluster_wise_termination_watcher_thread()
+    context.context().wait_at_barrier("modern.cluster.finish", SHUTDOWN_TIMEOUT_S * 1000)
+
+
+# ----------------------------------------------------------------------------------------------
+# A worker lost mid-run.
+# ----------------------------------------------------------------------------------------------
+class PeerLostError(UsageError):
+    """Another worker stopped answering mid-run: one paragraph, exit code 2 (run_reporting_usage_errors)."""
+
+
+# What a collective raises when a peer is gone: UnavailableError (connection reset, or the
+# coordination service's heartbeat timeout), DeadlineExceededError, AbortedError/CancelledError
+# (collectives aborted after another worker's failure).  Measured: SIGKILL of worker 1 mid-run ->
+# worker 0's next train step raises UnavailableError "Collective ops is aborted by: recvmsg:
+# Connection reset by peer ... remote target /job:worker/replica:0/task:1" within a second.
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+               tf.errors.CancelledError)
+
+
+def reporting_lost_peers(worker, folder, fn):
+    """fn, raising PeerLostError instead of the collective errors of a lost worker (on a cluster)."""
+    if worker is None:
+        return fn
+
+    def guarded(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PEER_ERRORS as e:
+            raise PeerLostError(lost_peer_message(worker, e, folder)) from None
+    return guarded
+
+
+def lost_peer_message(worker, error, folder):
+    """The paragraph a surviving worker prints: who is lost, why, and how the run goes on."""
+    lost = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", error.message)) - {worker.index})
+    who = ", ".join(f"worker {i} ({worker.addresses[i]})" for i in lost if i < worker.count) or "another worker"
+    reason = next((line.strip() for line in error.message.splitlines()
+                   if "aborted by" in line or "Connection" in line or "heartbeat" in line.lower()),
+                  error.message.strip().splitlines()[0])
+    latest = tf.train.latest_checkpoint(folder)
+    return (f"worker {worker.index} ({worker.addresses[worker.index]}) lost {who} mid-run "
+            f"({type(error).__name__}: {reason[:200]}). A MultiWorkerMirroredStrategy step needs every "
+            f"worker, so this worker stops too. Nothing is lost before the last checkpoint "
+            f"({latest or 'none yet'} in {folder}): start the whole cluster again (the same "
+            f"python -m modern.launch command, or every worker's own command) and it resumes there.")

@@ -83,6 +83,9 @@ def parse_args(argv=None):
                    help="reproduce the original: every replica trains on the same batch")
     p.add_argument("--log_every", type=int, default=10, help="log (and write summaries) every N steps")
     p.add_argument("--save_every", type=int, default=1000, help="save a checkpoint every N steps")
+    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
+                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
+                        "then gives up with exit code 2")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
     p.add_argument("--deterministic", action="store_true",
                    help="seed everything (--seed, default 0) and enable op determinism")
@@ -104,7 +107,7 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     `batch_size` is tiled num_replicas times, so the strategy hands every replica the same rows, as
     the original's single `get_input()` call feeds every tower.  `skip_batches` skips the batches a
     resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker
-    of a cluster (`modern.cluster.shared_seed`).
+    of a cluster (`modern.cluster.shared_seed`, kept in the checkpoint).
 
     Speed (the same batches): the original parses each record, then shuffles and batches; here the
     serialized records are shuffled and batched, then the original's parser runs over the whole
@@ -307,7 +310,7 @@ def train(args):
     elif args.seed is not None:
         keras.utils.set_random_seed(args.seed)
     # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas)
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
     data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
     check_writable(args.model_save_path, "--model_save_path")
@@ -326,7 +329,9 @@ def train(args):
         optimizer = make_optimizer(args.learning_rate_base, 60000 / args.batch_size, args.learning_rate_decay)
         optimizer.build(model.trainable_variables)
         ema, shadows = make_moving_average(model, optimizer, args.moving_average_decay)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows)
+    # on a cluster the agreed shuffle seed is saved too: a resumed cluster keeps its batch order
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, moving_averages=shadows,
+                                     **cluster.shared_seed(strategy, worker))
     # On a cluster only the chief's `manager` writes model_save_path (the others a temporary folder).
     reader, manager = cluster.checkpoint_managers(checkpoint, args.model_save_path, worker, max_to_keep=5,
                                                   checkpoint_name=args.model_name)
@@ -340,7 +345,7 @@ def train(args):
         print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
 
     dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start,
-                        shuffle_seed=cluster.shared_seed(strategy, worker))
+                        shuffle_seed=cluster.shuffle_seed(checkpoint))
     dist_dataset = cluster.distribute(strategy, worker, dataset)
     iterator = iter(dist_dataset)
     train_step = make_train_step(model, optimizer, strategy, ema, return_grads=True,
@@ -395,6 +400,7 @@ def train(args):
         print("After %d training step(s), validation accuracy using average model is %g"
               % (int(optimizer.iterations.numpy()), accuracy))
     print(f"checkpoints and events in {args.model_save_path}")
+    cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
 def main(argv=None):

@@ -133,6 +133,35 @@ def test_sigterm_and_sigkill_resume_without_retraining_a_step(tmp_path):
         assert json.load(f) == {"workers": 2, "replicas_per_worker": 1}
 
 
+def _cluster_losses(model_dir, *args):
+    """{step: loss} worker 0 printed, in a 2-worker MNIST run of `args` in model_dir."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "modern.launch", "--workers", "2", "--grace", "5", "--",
+                           "modern/mnist.py", "--log_every", "1", "--batch_size", "20",
+                           "--model_save_path", str(model_dir), *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return {int(m[1]): m[2] for m in re.finditer(r"\[worker 0\] .*: step (\d+), loss = ([-\w.]+)", done.stdout)}
+
+
+def test_a_resumed_cluster_without_seed_sees_the_batches_of_an_uninterrupted_run(tmp_path):
+    """The chief's shuffle seed (an unseeded draw) travels in the checkpoint: a copy of an
+    uninterrupted unseeded run, cut back to its step-10 checkpoint and resumed (no --seed), trains
+    steps 11..29 with the uninterrupted run's losses; a fresh draw would shuffle other batches."""
+    import shutil
+    whole_dir, resumed_dir = tmp_path / "whole", tmp_path / "resumed"
+    whole = _cluster_losses(whole_dir, "--training_steps", 30, "--save_every", 10)
+    shutil.copytree(whole_dir, resumed_dir)
+    tf.compat.v1.train.update_checkpoint_state(str(resumed_dir), str(resumed_dir / "model.ckpt-10"))
+    resumed = _cluster_losses(resumed_dir, "--training_steps", 30)
+    assert sorted(resumed) == list(range(11, 30))
+    assert resumed == {step: whole[step] for step in range(11, 30)}
+    seeds = [tf.train.load_checkpoint(str(d)).get_tensor("shuffle_seed/.ATTRIBUTES/VARIABLE_VALUE")
+             for d in (whole_dir, resumed_dir)]
+    assert seeds[0] == seeds[1] and 0 <= int(seeds[0]) < 2 ** 31
+
+
 # ----------------------------------------------------------------------------------------------
 # The launcher, and bad input.
 # ----------------------------------------------------------------------------------------------
@@ -146,6 +175,46 @@ def test_launcher_stops_every_worker_when_one_fails_at_start():
     assert "[worker 0] up" in done.stdout and time.time() - start < 30
     pids = [int(p) for p in re.findall(r"pid (\d+)", done.stdout)]
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+def test_a_worker_whose_peer_never_comes_gives_up_after_connect_timeout(tmp_path):
+    """The chief alone (worker 1 never starts): one error line naming the missing worker, exit 2,
+    no traceback, within the timeout plus TensorFlow's start-up; nothing written."""
+    import socket
+    with socket.socket() as a, socket.socket() as b:  # two free ports, released before the run
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
+                                                 "task": {"type": "worker", "index": 0}}))
+    start = time.time()
+    done = subprocess.run([sys.executable, "modern/mnist.py", "--num_replicas", "1", "--connect_timeout", "3",
+                           "--model_save_path", str(tmp_path / "model")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (f"error: worker 0 ({addresses[0]}) could not reach worker 1 ({addresses[1]}) within "
+            f"--connect_timeout 3 s") in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert time.time() - start < 40
+    assert not (tmp_path / "model").exists() or not os.listdir(tmp_path / "model")
+
+
+def test_a_lost_peer_is_named_with_the_way_back(tmp_path):
+    """The paragraph a survivor prints (the error is the one measured when worker 1 was SIGKILLed)."""
+    worker = cluster.Worker(["127.0.0.1:1111", "127.0.0.1:2222"], 0, 1)
+    error = tf.errors.UnavailableError(None, None, (
+        "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+        "/tensorflow.WorkerService/RecvBuf:\n"))
+    guarded = cluster.reporting_lost_peers(worker, str(tmp_path), lambda: (_ for _ in ()).throw(error))
+    with pytest.raises(cluster.PeerLostError) as raised:
+        guarded()
+    message = str(raised.value)
+    assert message.startswith("worker 0 (127.0.0.1:1111) lost worker 1 (127.0.0.1:2222) mid-run "
+                              "(UnavailableError: Collective ops is aborted by: recvmsg:Connection reset by peer)")
+    assert "none yet" in message and "start the whole cluster again" in message
+    assert isinstance(raised.value, UsageError)  # exit code 2, one paragraph, no traceback
+    assert cluster.reporting_lost_peers(None, str(tmp_path), len) is len  # one host: untouched
 
 
 @pytest.mark.parametrize("config, problem", [
