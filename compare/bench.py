@@ -21,7 +21,7 @@ One run measures, on the same machine, model, global batch and tower / replica c
                             (`make_optimizer(fused=False)`): the modern program before issue 9
   mnist  legacy             legacy/mnist_multi_gpu.py as the original runs it: one batch for every tower
          legacy-per-tower   its --per_tower_batches: each tower its own batch
-         modern             modern/mnist.py's step as it ships (each replica its own batch)
+         modern             modern/mnist_multi_gpu.py's step as it ships (each replica its own batch)
          modern-collective  the same with the collective all-reduce (the program before issue 9)
 
 Each configuration runs in its own process (`--worker`), so no run inherits another's threads,
@@ -272,7 +272,7 @@ def mnist_legacy_worker(spec, launched):
 
 
 def mnist_modern_worker(spec, launched):
-    from modern import mnist as program
+    from modern import mnist_multi_gpu as program
     from modern.runtime import make_strategy
 
     n, batch = spec["replicas"], spec["batch"]
@@ -354,7 +354,7 @@ def _modern_forward(model):
         from modern import cifar_resnet as program
         net, shape = program.resnet_v2_50(num_classes=program.num_classes), [1, 32, 32, 3]
     else:
-        from modern import mnist as program
+        from modern import mnist_multi_gpu as program
         net, shape = program.build_model(), [1, program.INPUT_NODE]
     concrete = tf.function(lambda x: net(x, training=False)).get_concrete_function(tf.TensorSpec(shape))
     return concrete.graph, concrete.outputs[0]

@@ -1,4 +1,4 @@
-"""Parity checks for the MNIST program: `legacy/mnist_multi_gpu.py` against `modern/mnist.py`.
+"""Parity checks for the MNIST program: `legacy/mnist_multi_gpu.py` against `modern/mnist_multi_gpu.py`.
 
 Each side is built by the program's own functions from the program's own parsed command line:
 
@@ -28,7 +28,7 @@ from compare.report import TOLERANCES, judge, tensor_error
 from legacy import mnist_eval
 from legacy import mnist_multi_gpu as legacy_mnist
 from legacy.towers import session_config
-from modern import mnist as modern_mnist
+from modern import mnist_multi_gpu as modern_mnist
 from records import mnist as mnist_records
 
 tf1 = tf.compat.v1

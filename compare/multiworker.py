@@ -1,4 +1,4 @@
-"""Parity beyond one machine: N workers x 1 replica against 1 worker x N replicas (`modern/mnist.py`).
+"""Parity beyond one machine: N workers x 1 replica against 1 worker x N replicas (`modern/mnist_multi_gpu.py`).
 
     python -m compare.multiworker                  # 2 workers, 6 steps, an uneven batch among them
     python -m compare.multiworker --workers 3 --steps 8
@@ -7,7 +7,7 @@
 Both layouts run `train_and_record` in fresh processes (a MultiWorkerMirroredStrategy can only be
 made once, first thing in a process): the cluster through `modern.launch.launch` (each worker with
 its own TF_CONFIG), the reference with TF_CONFIG unset, so `modern.cluster.make_strategy` picks the
-one-host MirroredStrategy.  Each process builds the trainer from `modern/mnist.py`'s own functions
+one-host MirroredStrategy.  Each process builds the trainer from `modern/mnist_multi_gpu.py`'s own functions
 (`build_model`, `make_optimizer`, `make_moving_average`, `get_input`, `make_train_step`) and the
 cluster code's (`make_strategy`, `distribute`), starts from the same seeded weights, reads the same
 global batches (one shuffle seed), and records the loss of every step and the weights after K
@@ -51,11 +51,11 @@ def short_steps(batch, num_replicas):
 # One process of either layout.
 # ----------------------------------------------------------------------------------------------
 def train_and_record(out_dir, num_replicas, steps, seed, defect=None):
-    """Train `steps` steps of modern/mnist.py's trainer; write losses and weights to out_dir."""
+    """Train `steps` steps of modern/mnist_multi_gpu.py's trainer; write losses and weights to out_dir."""
     from modern import cluster
     strategy, worker = cluster.make_strategy(num_replicas, log=None)  # first: may start the cluster
     import tensorflow as tf
-    from modern import mnist
+    from modern import mnist_multi_gpu as mnist
     from modern.runtime import enable_determinism
     enable_determinism(seed)
     n = strategy.num_replicas_in_sync

@@ -60,9 +60,10 @@ from modern import checkpoints as tf1_checkpoints  # noqa: E402
 from modern.keras_adapter import adam_slots, resource_handle  # noqa: E402
 from modern import cluster  # noqa: E402
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
-from modern.runtime import (UsageError, check_writable, enable_determinism,  # noqa: E402
+from modern.runtime import (UsageError, check_writable, seed_program,  # noqa: E402
                             run_reporting_usage_errors, write_scalar)
 from records import cifar10  # noqa: E402
+from records.progress import progress  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Parameters: the original's constants (as legacy/cifar_resnet.py names them), one flag each.
@@ -467,10 +468,7 @@ def build(strategy, args, worker=None):
 # The session loop's counterpart.
 # ----------------------------------------------------------------------------------------------
 def train(args):
-    if args.deterministic:
-        enable_determinism(0 if args.seed is None else args.seed)
-    elif args.seed is not None:
-        keras.utils.set_random_seed(args.seed)
+    seed_program(args.seed, args.deterministic)
     # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
     strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
@@ -535,7 +533,8 @@ def train(args):
         if step % args.log_every == 0:
             # The legacy line; here Loss and Train_Acc are the whole global batch's.
             print('Step: {},Train_Acc: {:.4f},Loss: {:.8f}'.format(step, acc_t, loss_t)
-                  + f",Examples/sec: {interval_rows / max(interval_time, 1e-9):.1f}", flush=True)
+                  + f",Examples/sec: {interval_rows / max(interval_time, 1e-9):.1f}"
+                  + progress(step, total_steps, time.time() - start_time, step - start), flush=True)
             interval_rows, interval_time = 0, 0.0
             with train_writer.as_default():
                 write_scalar("lr", lr, step)

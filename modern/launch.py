@@ -1,6 +1,6 @@
 """Start a multi-worker cluster of a modern trainer on this host, one process per worker.
 
-    python -m modern.launch --workers 2 -- modern/mnist.py --training_steps 200
+    python -m modern.launch --workers 2 -- modern/mnist_multi_gpu.py --training_steps 200
     python -m modern.launch --workers 2 --replicas_per_worker 4 -- modern/cifar_resnet.py   # a GPU host
 
 Each worker is `python <program> <args> --num_replicas <replicas_per_worker>` with its own
@@ -41,7 +41,7 @@ def parse_args(argv=None):
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
-        p.error("give the program after --, e.g. -- modern/mnist.py")
+        p.error("give the program after --, e.g. -- modern/mnist_multi_gpu.py")
     if args.workers < 1 or args.replicas_per_worker < 1:
         p.error("--workers and --replicas_per_worker must be at least 1")
     if "--num_replicas" in args.command:
@@ -93,7 +93,7 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, outpu
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
-    program = [sys.executable, *command]  # a file (modern/mnist.py) or -m module
+    program = [sys.executable, *command]  # a file (modern/mnist_multi_gpu.py) or -m module
     lock = threading.Lock()
     procs, relays = [], []
     received = []  # signals the launcher got (Ctrl-C, SIGTERM)

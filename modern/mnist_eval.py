@@ -1,4 +1,4 @@
-"""Accuracy of the moving-average weights that `modern/mnist.py` saved: the modern `mnist_eval`.
+"""Accuracy of the moving-average weights that `modern/mnist_multi_gpu.py` saved: the modern `mnist_eval`.
 
 The twin of `legacy/mnist_eval.py` (the book's section 5.5 program): it builds the network, restores
 the latest checkpoint's moving-average shadows (`moving_averages/...`, written by the trainer's
@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ sta
 
 import tensorflow as tf  # noqa: E402
 
-from modern import mnist  # noqa: E402
+from modern import mnist_multi_gpu as mnist  # noqa: E402
 from modern.runtime import UsageError, run_reporting_usage_errors  # noqa: E402
 from records import mnist as mnist_records  # noqa: E402
 
@@ -47,7 +47,7 @@ def evaluate_checkpoint(data_path, model_save_path, moving_average_decay=0.99):
     latest = tf.train.latest_checkpoint(model_save_path)
     if latest is None:
         raise UsageError(f"no checkpoint found in {model_save_path}: train first "
-                         "(python modern/mnist.py) or pass --model_save_path")
+                         "(python modern/mnist_multi_gpu.py) or pass --model_save_path")
     model = mnist.build_model()
     optimizer = mnist.make_optimizer()
     optimizer.build(model.trainable_variables)
@@ -57,7 +57,7 @@ def evaluate_checkpoint(data_path, model_save_path, moving_average_decay=0.99):
         checkpoint.restore(latest).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
         raise UsageError(f"cannot restore the moving averages from {latest} (not a checkpoint of "
-                         f"modern/mnist.py?): {str(e).splitlines()[0]}") from None
+                         f"modern/mnist_multi_gpu.py?): {str(e).splitlines()[0]}") from None
     return int(optimizer.iterations.numpy()), mnist.evaluate_averaged(shadows, data_path)
 
 

@@ -132,6 +132,15 @@ def enable_determinism(seed):
     tf.config.experimental.enable_op_determinism()
 
 
+def seed_program(seed, deterministic):
+    """The modern trainers' --seed and --deterministic: determinism seeded with `seed` (0 when
+    None), or only the generators seeded, or neither."""
+    if deterministic:
+        enable_determinism(0 if seed is None else seed)
+    elif seed is not None:
+        keras.utils.set_random_seed(seed)
+
+
 def check_writable(folder, flag):
     """Make `folder` and prove a file can be written there, or raise UsageError naming `flag`."""
     try:

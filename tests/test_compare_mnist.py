@@ -6,7 +6,7 @@ one modern function for a broken twin for the length of one harness run.
 import numpy as np
 import tensorflow as tf
 
-from modern import mnist as modern_mnist
+from modern import mnist_multi_gpu as modern_mnist
 from modern.runtime import DeviceSetupError, configure_devices
 
 try:  # before TensorFlow's runtime starts: pytest imports every test module first

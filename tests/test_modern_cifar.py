@@ -7,6 +7,7 @@ replicas' outputs can be recomputed outside the strategy.
 """
 import glob
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 from types import SimpleNamespace
@@ -316,6 +317,7 @@ def two_runs(small_data, tmp_path_factory):
 def test_short_run_writes_checkpoints_and_legacy_summary_tags(two_runs):
     root, result = two_runs[0]
     assert "Step: 4,Train_Acc:" in result.stdout and "Valid----->" in result.stdout
+    assert re.search(r"Step: 4,Train_Acc: [\d.]+,Loss: [\d.]+,Examples/sec: [\d.]+ \[step 4/4, ETA 0s\]", result.stdout)
     assert "each epoch ends on a batch of 1 rows" in result.stdout
     assert "summary: 4 steps this run (step 0 -> 4 of 4)" in result.stdout
     assert "rows dropped: 0 of 25" in result.stdout  # the 1-row batch counted once, nothing lost
@@ -346,6 +348,7 @@ def test_second_invocation_resumes_from_the_latest_checkpoint(small_data, two_ru
     # No validation in steps 5-6 (every 4): the run ends with the best accuracy it resumed with.
     assert f"no better Valid_Acc this run (best so far {best:.4f})" in result.stdout
     assert "Step: 6,Train_Acc:" in result.stdout and "Step: 2," not in result.stdout
+    assert "[step 6/6, ETA 0s]" in result.stdout  # the resumed run's own 2 steps set the pace
     assert tf.train.latest_checkpoint(str(root / "models")).endswith("train-model.ckpt-6")
     values = _checkpoint_values(str(root / "models" / "train-model.ckpt-6"))
     iterations = [v for k, v in values.items() if k.startswith("optimizer/_iterations")]

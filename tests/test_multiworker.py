@@ -26,7 +26,7 @@ from conftest import ROOT, run_program
 from modern import cluster
 from modern.runtime import UsageError
 
-STEPS = 60       # the planned final step is 59 (0-based, as modern/mnist.py prints them)
+STEPS = 60       # the planned final step is 59 (0-based, as modern/mnist_multi_gpu.py prints them)
 SAVE_EVERY = 15
 
 
@@ -53,7 +53,7 @@ def _run_cluster(model_dir, tmp, kill=None, timeout=180):
     env = dict(os.environ, TMPDIR=str(tmp))
     env.pop("TF_CONFIG", None)
     command = [sys.executable, "-m", "modern.launch", "--workers", "2", "--grace", "5", "--",
-               "modern/mnist.py", "--training_steps", str(STEPS), "--save_every", str(SAVE_EVERY),
+               "modern/mnist_multi_gpu.py", "--training_steps", str(STEPS), "--save_every", str(SAVE_EVERY),
                "--log_every", "1", "--batch_size", "20", "--deterministic", "--model_save_path", str(model_dir)]
     p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timer = threading.Timer(timeout, p.kill)  # bounded, whatever happens
@@ -138,7 +138,7 @@ def _cluster_losses(model_dir, *args):
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     done = subprocess.run([sys.executable, "-m", "modern.launch", "--workers", "2", "--grace", "5", "--",
-                           "modern/mnist.py", "--log_every", "1", "--batch_size", "20",
+                           "modern/mnist_multi_gpu.py", "--log_every", "1", "--batch_size", "20",
                            "--model_save_path", str(model_dir), *map(str, args)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:]
@@ -188,7 +188,7 @@ def test_a_worker_whose_peer_never_comes_gives_up_after_connect_timeout(tmp_path
     env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
                                                  "task": {"type": "worker", "index": 0}}))
     start = time.time()
-    done = subprocess.run([sys.executable, "modern/mnist.py", "--num_replicas", "1", "--connect_timeout", "3",
+    done = subprocess.run([sys.executable, "modern/mnist_multi_gpu.py", "--num_replicas", "1", "--connect_timeout", "3",
                            "--model_save_path", str(tmp_path / "model")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
     assert done.returncode == 2, done.stderr[-3000:]

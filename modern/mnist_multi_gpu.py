@@ -5,11 +5,11 @@ The modern twin of `legacy/mnist_multi_gpu.py`, which reproduces `shared/seeds/0
 learning-rate decay, gradient descent and moving average of the weights, with the towers replaced by
 the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository root):
 
-    python modern/mnist.py                          # embedded synthetic data, 2 replicas, 1000 steps
-    python modern/mnist.py --num_replicas 4 --data_path data/mnist/train.tfrecords
-    python modern/mnist.py --same_batch_per_replica # the legacy quirk: one batch on every replica
-    python modern/mnist.py --deterministic          # bit-identical reruns
-    python -m modern.launch --workers 2 -- modern/mnist.py   # 2 worker processes (modern/cluster.py)
+    python modern/mnist_multi_gpu.py                          # embedded synthetic data, 2 replicas, 1000 steps
+    python modern/mnist_multi_gpu.py --num_replicas 4 --data_path data/mnist/train.tfrecords
+    python modern/mnist_multi_gpu.py --same_batch_per_replica # the legacy quirk: one batch on every replica
+    python modern/mnist_multi_gpu.py --deterministic          # bit-identical reruns
+    python -m modern.launch --workers 2 -- modern/mnist_multi_gpu.py   # 2 worker processes (modern/cluster.py)
 
 A second invocation with the same --model_save_path resumes from the latest checkpoint.
 Defaults are the original's constants (BATCH_SIZE 100 per replica, LEARNING_RATE_BASE 0.001,
@@ -38,7 +38,7 @@ import sys
 import time
 from datetime import datetime
 
-if __package__ in (None, ""):  # `python modern/mnist.py`: make the repository importable
+if __package__ in (None, ""):  # `python modern/mnist_multi_gpu.py`: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -46,9 +46,10 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modern import cluster  # noqa: E402
-from modern.runtime import (UsageError, check_writable, enable_determinism,  # noqa: E402
+from modern.runtime import (UsageError, check_writable, seed_program,  # noqa: E402
                             run_reporting_usage_errors, write_histogram, write_scalar)
 from records import mnist as mnist_records  # noqa: E402
+from records.progress import progress  # noqa: E402
 
 INPUT_NODE = mnist_records.IMAGE_PIXELS  # 784
 LAYER1_NODE = 500
@@ -305,10 +306,7 @@ def evaluate_averaged(shadows, eval_data_path, regularization_rate=0.0001):
 # The main training process.
 # ----------------------------------------------------------------------------------------------
 def train(args):
-    if args.deterministic:
-        enable_determinism(0 if args.seed is None else args.seed)
-    elif args.seed is not None:
-        keras.utils.set_random_seed(args.seed)
+    seed_program(args.seed, args.deterministic)
     # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
     strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
     n = strategy.num_replicas_in_sync
@@ -372,7 +370,8 @@ def train(args):
                 # the same rows num_replicas times), and duration / num_replicas seconds per batch.
                 examples_per_sec = args.batch_size * n / duration
                 format_str = '%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)'
-                print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n), flush=True)
+                print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n)
+                      + progress(step + 1, args.training_steps, time.time() - begin, step + 1 - start), flush=True)
                 with writer.as_default():
                     write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
                     for g, v in zip(grads, variables):
