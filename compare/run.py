@@ -48,7 +48,8 @@ def parse_args(argv=None):
                    help="CIFAR check groups to run, comma-separated (basics, forward, training, splits, steps, "
                         "free, tf1); default all")
     p.add_argument("--workers", type=int, default=1,
-                   help="also check N workers x 1 replica against 1 x N (compare/multiworker.py), N >= 2")
+                   help="also check N workers x 1 replica against 1 x N and the legacy N towers "
+                        "(compare/multiworker.py), N >= 2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write a PNG chart here")

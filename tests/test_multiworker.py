@@ -1,6 +1,7 @@
 """Beyond one machine (`modern/cluster.py`, `modern/launch.py`, `compare/multiworker.py`): parity of
-2 workers x 1 replica with 1 x 2, preemption (SIGTERM) and a killed worker (SIGKILL) resumed without
-retraining a step, the launcher stopping every worker when one fails, and the usage errors.
+2 workers x 1 replica with 1 x 2 and with the legacy 2 towers, preemption (SIGTERM) and a killed
+worker (SIGKILL) resumed without retraining a step, the launcher stopping every worker when one
+fails, and the usage errors.
 
 Every cluster runs on 127.0.0.1 ports the launcher picks free; every wait has a timeout.  MNIST only,
 a few dozen steps, so the whole module stays around a minute on 2 CPU cores.
@@ -33,13 +34,21 @@ SAVE_EVERY = 15
 # ----------------------------------------------------------------------------------------------
 # Parity, and the planted defect it must catch.
 # ----------------------------------------------------------------------------------------------
-def test_two_workers_train_like_two_replicas_and_a_repeated_shard_fails(tmp_path):
-    [good] = multiworker.run(2, steps=5, tmp_dir=tmp_path, log=lambda m: None)
+def test_two_workers_train_like_two_replicas_and_the_legacy_towers_and_planted_defects_fail(tmp_path):
+    good, legacy = multiworker.run(2, steps=5, work_dir=tmp_path / "good", log=lambda m: None)
     assert good.status == "PASS", good.as_dict()
     assert good.worst.rel_l2 <= TOLERANCES["mlp_steps"][0]
     losses = good.extra["losses"]
     assert all(math.isfinite(x) for x in losses["reference"]) and losses["workers"][0] == losses["workers"][1]
-    [bad] = multiworker.run(2, steps=5, tmp_dir=tmp_path, log=lambda m: None, defect="repeat_rows")
+    # The legacy towers on the even steps (2 and 4 are short: 15 rows and 1 row over 2 towers).
+    assert legacy.status == "PASS", legacy.as_dict()
+    assert legacy.extra["compared_steps"] == [0, 1, 3]
+    assert len(legacy.errors) == 2 * 3 * (1 + 4 + 4)  # workers x steps x (loss, 4 gradients, 4 weights)
+    # Planted on the legacy side (tower 1's images one row off their labels), on the same recorded steps.
+    shifted = multiworker.check_legacy_towers(str(tmp_path / "good"), 2, 5, defect="shift_tower_rows")
+    assert shifted.status == "FAIL", shifted.as_dict()
+    # Planted in the cluster: the workers' input not sharded.
+    [bad] = multiworker.run(2, steps=5, tmp_dir=tmp_path, log=lambda m: None, defect="repeat_rows", legacy=False)
     assert bad.status == "FAIL", bad.as_dict()
 
 
