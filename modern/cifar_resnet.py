@@ -60,7 +60,7 @@ from modern import checkpoints as tf1_checkpoints  # noqa: E402
 from modern.keras_adapter import adam_slots, resource_handle  # noqa: E402
 from modern import cluster  # noqa: E402
 from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
-from modern.runtime import (UsageError, check_writable, seed_program,  # noqa: E402
+from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,  # noqa: E402
                             run_reporting_usage_errors, write_scalar)
 from records import cifar10  # noqa: E402
 from records.progress import progress  # noqa: E402
@@ -123,12 +123,8 @@ def parse_args(argv=None):
     p.add_argument("--log_dir", default=logs_dir)
     p.add_argument("--log_every", type=int, default=log_every)
     p.add_argument("--valid_every", type=int, default=valid_every)
-    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
-                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
-                        "then gives up with exit code 2")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="seed everything (--seed, default 0) and enable op determinism")
+    cluster.add_flags(p)
+    add_seed_flags(p)
     p.add_argument("--units_per_block", type=int, nargs=4, default=None, metavar="N",
                    help="for quick tests only: units in blocks 1-4 (ResNet-v2-50 has 3 4 6 3)")
     args = p.parse_args(argv)

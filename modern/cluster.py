@@ -78,6 +78,13 @@ class Worker:
 # ----------------------------------------------------------------------------------------------
 # TF_CONFIG: read and checked before TensorFlow is asked to connect anything.
 # ----------------------------------------------------------------------------------------------
+def add_flags(parser):
+    """The trainers' cluster flag: --connect_timeout (used only when TF_CONFIG names workers)."""
+    parser.add_argument("--connect_timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT,
+                        help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
+                             "then gives up with exit code 2")
+
+
 def read_tf_config(environ=None):
     """(worker addresses, this task's index) from TF_CONFIG, or None when it is absent or empty.
 

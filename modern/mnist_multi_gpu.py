@@ -46,7 +46,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modern import cluster  # noqa: E402
-from modern.runtime import (UsageError, check_writable, seed_program,  # noqa: E402
+from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,  # noqa: E402
                             run_reporting_usage_errors, write_histogram, write_scalar)
 from records import mnist as mnist_records  # noqa: E402
 from records.progress import progress  # noqa: E402
@@ -84,12 +84,8 @@ def parse_args(argv=None):
                    help="reproduce the original: every replica trains on the same batch")
     p.add_argument("--log_every", type=int, default=10, help="log (and write summaries) every N steps")
     p.add_argument("--save_every", type=int, default=1000, help="save a checkpoint every N steps")
-    p.add_argument("--connect_timeout", type=float, default=cluster.DEFAULT_CONNECT_TIMEOUT,
-                   help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
-                        "then gives up with exit code 2")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="seed everything (--seed, default 0) and enable op determinism")
+    cluster.add_flags(p)
+    add_seed_flags(p)
     args = p.parse_args(argv)
     if min(args.batch_size, args.num_replicas, args.training_steps, args.log_every, args.save_every) < 1:
         p.error("--batch_size, --num_replicas, --training_steps, --log_every and --save_every must be at least 1")

@@ -132,6 +132,13 @@ def enable_determinism(seed):
     tf.config.experimental.enable_op_determinism()
 
 
+def add_seed_flags(parser):
+    """The modern trainers' --seed and --deterministic (read by `seed_program`)."""
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="seed everything (--seed, default 0) and enable op determinism")
+
+
 def seed_program(seed, deterministic):
     """The modern trainers' --seed and --deterministic: determinism seeded with `seed` (0 when
     None), or only the generators seeded, or neither."""
