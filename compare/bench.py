@@ -15,14 +15,17 @@ One run measures, on the same machine, model, global batch and tower / replica c
          legacy-iterator    the same graph with its `inputs`, `labels` and `current_batch_size`
                             placeholders defaulting to the iterator's tensors: the best a TF1 user could do
          modern             modern/cifar_resnet.py's step as it ships (MirroredStrategy, fused Adam,
-                            gradients summed by ReductionToOneDevice on virtual CPUs)
-         modern-collective  the same with MirroredStrategy's default collective all-reduce
-         modern-keras-adam  collective all-reduce and Keras' own Adam, op by op
-                            (`make_optimizer(fused=False)`): the modern program before issue 9
+                            gradients summed by ReductionToOneDevice on virtual CPUs, each global
+                            batch cut into replica slices by `modern.cluster.distribute`)
+         modern-strategy-iterator  the same fed by `strategy.experimental_distribute_dataset`
+         modern-collective  the same as modern with MirroredStrategy's default collective all-reduce
+         modern-keras-adam  collective all-reduce, Keras' own Adam, op by op (`make_optimizer(fused=False)`),
+                            and the strategy's iterator: the modern program before issue 9
   mnist  legacy             legacy/mnist_multi_gpu.py as the original runs it: one batch for every tower
          legacy-per-tower   its --per_tower_batches: each tower its own batch
          modern             modern/mnist_multi_gpu.py's step as it ships (each replica its own batch)
-         modern-collective  the same with the collective all-reduce (the program before issue 9)
+         modern-strategy-iterator  the same fed by `strategy.experimental_distribute_dataset`
+         modern-collective  the same as modern with the collective all-reduce
 
 Each configuration runs in its own process (`--worker`), so no run inherits another's threads,
 caches or memory; the repeats are interleaved (all configurations once, then all again), so a
@@ -65,12 +68,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
-    "cifar": ("legacy-feed", "legacy-iterator", "modern", "modern-collective", "modern-keras-adam"),
-    "mnist": ("legacy", "legacy-per-tower", "modern", "modern-collective"),
+    "cifar": ("legacy-feed", "legacy-iterator", "modern", "modern-strategy-iterator", "modern-collective",
+              "modern-keras-adam"),
+    "mnist": ("legacy", "legacy-per-tower", "modern", "modern-strategy-iterator", "modern-collective"),
 }
-# The modern variants: (fused Adam?, how gradients are summed: modern.runtime.cross_device_ops).
-MODERN_SETTINGS = {"modern": (True, "auto"), "modern-collective": (True, "collective"),
-                   "modern-keras-adam": (False, "collective")}
+# The modern variants: (fused Adam?, how gradients are summed: modern.runtime.cross_device_ops,
+# input: "slices" = modern.cluster.distribute, "strategy" = strategy.experimental_distribute_dataset).
+MODERN_SETTINGS = {"modern": (True, "auto", "slices"), "modern-strategy-iterator": (True, "auto", "strategy"),
+                   "modern-collective": (True, "collective", "slices"),
+                   "modern-keras-adam": (False, "collective", "strategy")}
 # The configuration the tests run: MNIST only (seconds per process), both repeats interleaved.
 TINY = dict(model="mnist", replicas=[2], batch=[8], warmup=2, steps=3, repeats=2, matmul_size=512)
 RESULT_TAG = "BENCH_RESULT "
@@ -214,6 +220,15 @@ def cifar_legacy_worker(spec, launched):
             return dict(_timed_loop(step, spec, launched), devices=devices)
 
 
+def distribute(strategy, dataset, inputs):
+    """The modern programs' input path (`modern.cluster.distribute`, as their `train`), or with
+    inputs="strategy" the strategy's own distributed iterator (the programs before issue 9)."""
+    from modern import cluster
+    if inputs == "strategy":
+        return strategy.experimental_distribute_dataset(dataset)
+    return cluster.distribute(strategy, None, dataset)
+
+
 def cifar_modern_worker(spec, launched):
     import tensorflow as tf
     from modern import cifar_resnet as program
@@ -221,7 +236,7 @@ def cifar_modern_worker(spec, launched):
     from records import cifar10
 
     n, batch = spec["replicas"], spec["batch"]
-    fused, reduction = MODERN_SETTINGS[spec["variant"]]
+    fused, reduction, inputs = MODERN_SETTINGS[spec["variant"]]
     strategy = make_strategy(n, log=None, reduction=reduction)  # first: may split the CPU
     train_files, valid_files = cifar10.ensure_default_data(program.EMBEDDED_DATA_DIR)
     with strategy.scope():  # as program.build
@@ -230,7 +245,7 @@ def cifar_modern_worker(spec, launched):
         optimizer.build(model.trainable_variables)
     train_ds, _ = program.make_datasets(train_files, valid_files, batch, 50, program.shuffle_buffer,
                                         CIFAR_EPOCHS, n)
-    dist_train_ds = strategy.experimental_distribute_dataset(train_ds)
+    dist_train_ds = distribute(strategy, train_ds, inputs)
     iterator = iter(dist_train_ds)
     train_step = program.make_train_step(model, optimizer, strategy, return_metrics=True,
                                          element_spec=dist_train_ds.element_spec)
@@ -276,14 +291,15 @@ def mnist_modern_worker(spec, launched):
     from modern.runtime import make_strategy
 
     n, batch = spec["replicas"], spec["batch"]
-    strategy = make_strategy(n, log=None, reduction=MODERN_SETTINGS[spec["variant"]][1])
+    _, reduction, inputs = MODERN_SETTINGS[spec["variant"]]
+    strategy = make_strategy(n, log=None, reduction=reduction)
     data_path, _, _, _ = program.check_data(None, None)
     with strategy.scope():  # as program.train
         model = program.build_model()
         optimizer = program.make_optimizer(0.001, 60000 / batch, 0.99)
         optimizer.build(model.trainable_variables)
         ema, _ = program.make_moving_average(model, optimizer)
-    dist_dataset = strategy.experimental_distribute_dataset(program.get_input(data_path, batch, n))
+    dist_dataset = distribute(strategy, program.get_input(data_path, batch, n), inputs)
     iterator = iter(dist_dataset)
     train_step = program.make_train_step(model, optimizer, strategy, ema, return_grads=True,
                                          element_spec=dist_dataset.element_spec)
@@ -362,9 +378,10 @@ def _modern_forward(model):
 
 WORKERS = {("cifar", "legacy-feed"): cifar_legacy_worker, ("cifar", "legacy-iterator"): cifar_legacy_worker,
            ("cifar", "modern"): cifar_modern_worker, ("cifar", "modern-collective"): cifar_modern_worker,
-           ("cifar", "modern-keras-adam"): cifar_modern_worker,
+           ("cifar", "modern-keras-adam"): cifar_modern_worker, ("cifar", "modern-strategy-iterator"): cifar_modern_worker,
            ("mnist", "legacy"): mnist_legacy_worker, ("mnist", "legacy-per-tower"): mnist_legacy_worker,
            ("mnist", "modern"): mnist_modern_worker, ("mnist", "modern-collective"): mnist_modern_worker,
+           ("mnist", "modern-strategy-iterator"): mnist_modern_worker,
            ("calibrate", None): calibrate_worker}
 
 
@@ -435,7 +452,7 @@ def add_ratios(records):
 
 
 def table(records, calibration):
-    header = (f"{'model':6} {'variant':18} {'rep':>3} {'batch':>5} {'ex/s med':>9} {'min':>7} {'max':>7} "
+    header = (f"{'model':6} {'variant':24} {'rep':>3} {'batch':>5} {'ex/s med':>9} {'min':>7} {'max':>7} "
               f"{'x legacy':>8} {'step ms':>8} {'1st step s':>10} {'RSS MB':>7} {'MFLOP/ex':>9} "
               f"{'GFLOP/s':>8} {'% peak':>6} {'% CPU':>5}")
     lines = [f"matmul peak: {calibration['matmul_gflops']:.1f} GFLOP/s ({calibration['matmul_size']}^2 float32)",
@@ -443,7 +460,7 @@ def table(records, calibration):
     for r in records:
         ratio = f"{r['vs_legacy']:.2f}" if r["vs_legacy"] is not None else "-"
         lines.append(
-            f"{r['model']:6} {r['variant']:18} {r['replicas']:>3} {r['batch']:>5} "
+            f"{r['model']:6} {r['variant']:24} {r['replicas']:>3} {r['batch']:>5} "
             f"{r['examples_per_sec_median']:>9.1f} {r['examples_per_sec_min']:>7.1f} {r['examples_per_sec_max']:>7.1f} "
             f"{ratio:>8} {r['step_ms_median']:>8.1f} {r['first_step_s']:>10.1f} {r['peak_rss_mb']:>7.0f} "
             f"{r['forward_flops_per_example'] / 1e6:>9.2f} {r['achieved_gflops']:>8.2f} "

@@ -36,6 +36,7 @@ from compare import common
 from compare.report import EPS32, TOLERANCES, TensorError, judge, share_floors, tensor_error
 from legacy import cifar_resnet as legacy_cifar
 from modern import checkpoints
+from modern import cluster
 from modern import keras_adapter
 from modern import cifar_resnet as modern_cifar
 from records import cifar10
@@ -303,12 +304,12 @@ def build_modern(cfg, strategy, start_path, tmp_dir, extra_argv=()):
 
 def distribute(strategy, x, y):
     """One global batch through the modern program's input path (`spread_short_batch` on a
-    dataset of global batches, then `experimental_distribute_dataset`), as `make_datasets` feeds
+    dataset of global batches, then `cluster.distribute`), as `make_datasets` and `train` feed
     the trainer; returns the distributed element and each replica's row count."""
     n = strategy.num_replicas_in_sync
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)).map(
         lambda a, b: modern_cifar.spread_short_batch(a, b, n))
-    element = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    element = next(iter(cluster.distribute(strategy, None, dataset)))
     rows = [int(t.shape[0]) for t in strategy.experimental_local_results(element[1])]
     return element, rows
 
@@ -318,7 +319,7 @@ def element_spec(strategy):
     x, y = make_batches(1, 3, 0)
     dataset = tf.data.Dataset.from_tensor_slices((x[0], y[0])).batch(3).map(
         lambda a, b: modern_cifar.spread_short_batch(a, b, strategy.num_replicas_in_sync))
-    return strategy.experimental_distribute_dataset(dataset).element_spec
+    return cluster.distribute(strategy, None, dataset).element_spec
 
 
 def set_modern_state(modern, state):
@@ -625,7 +626,7 @@ def check_validation(h):
     sizes = pipeline(n)
     _, val_ds = modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], sizes["batch_size"],
                                            sizes["valid_batch_size"], sizes["shuffle_buffer"], 1, num_replicas=n)
-    acc_m, loss_m = modern_cifar.validate(modern.eval_step, modern.strategy.experimental_distribute_dataset(val_ds))
+    acc_m, loss_m = modern_cifar.validate(modern.eval_step, cluster.distribute(modern.strategy, None, val_ds))
     legacy.sess.run(val_iterator.initializer)
     per_batch, hits, ces = [], [], []
     while True:

@@ -28,6 +28,7 @@ from compare.report import TOLERANCES, judge, tensor_error
 from legacy import mnist_eval
 from legacy import mnist_multi_gpu as legacy_mnist
 from legacy.towers import session_config
+from modern import cluster
 from modern import mnist_multi_gpu as modern_mnist
 from records import mnist as mnist_records
 
@@ -125,7 +126,7 @@ def build_modern(strategy, args, data_path, start, same_batch):
         ema, shadows = modern_mnist.make_moving_average(model, optimizer, args.moving_average_decay)
     with shuffle_off():
         dataset = modern_mnist.get_input(data_path, args.batch_size, strategy.num_replicas_in_sync, same_batch)
-    dist = strategy.experimental_distribute_dataset(dataset)
+    dist = cluster.distribute(strategy, None, dataset)  # the program's input path
     train_step = modern_mnist.make_train_step(model, optimizer, strategy, ema, return_grads=True,
                                               element_spec=dist.element_spec)
     return ModernMnist(model=model, optimizer=optimizer, ema=ema, shadows=shadows, train_step=train_step,
