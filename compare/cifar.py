@@ -33,12 +33,11 @@ import tf_slim as slim
 from tf_slim import nets
 
 from compare import common
+from compare import programs
 from compare.report import EPS32, TOLERANCES, TensorError, judge, share_floors, tensor_error
-from legacy import cifar_resnet as legacy_cifar
 from modern import checkpoints
 from modern import cluster
 from modern import keras_adapter
-from modern import cifar_resnet as modern_cifar
 from records import cifar10
 
 tf1 = tf.compat.v1
@@ -168,14 +167,14 @@ def program_args(parse_args, towers_flag, cfg, tmp_dir, extra=()):
 def build_legacy(cfg, files, tmp_dir, split="fix", start_path=None):
     """The legacy graph as the program builds it, started from fresh weights (batch-norm statistics
     randomised), from --checkpoint, or from `start_path`."""
-    args = program_args(legacy_cifar.parse_args, "--num_towers", cfg, tmp_dir)
+    args = program_args(programs.legacy_cifar.parse_args, "--num_towers", cfg, tmp_dir)
     graph = tf1.Graph()
     with graph.as_default():
         tf1.set_random_seed(cfg.seed)
         sizes = pipeline(cfg.towers)
-        data = legacy_cifar.make_datasets([files["train"]], [files["valid"]], sizes["batch_size"],
+        data = programs.legacy_cifar.make_datasets([files["train"]], [files["valid"]], sizes["batch_size"],
                                           sizes["valid_batch_size"], sizes["shuffle_buffer"], sizes["epochs"])
-        ns = legacy_cifar.build_graph(num_towers=cfg.towers, split=split, static_batch_size=cfg.rows_per_tower,
+        ns = programs.legacy_cifar.build_graph(num_towers=cfg.towers, split=split, static_batch_size=cfg.rows_per_tower,
                                       boundaries=args.boundaries, values=args.values)
         model_variables = {v.op.name: v for v in slim.get_model_variables()}
         trainable = {v.op.name for v in tf1.trainable_variables()}
@@ -198,7 +197,7 @@ def build_legacy(cfg, files, tmp_dir, split="fix", start_path=None):
             for v in state_vars:
                 ph = tf1.placeholder(v.dtype.base_dtype, v.shape)
                 legacy.setters[v.op.name] = (ph, v.assign(ph))
-    legacy.sess = tf1.Session(graph=graph, config=legacy_cifar.session_config(cfg.towers))
+    legacy.sess = tf1.Session(graph=graph, config=programs.legacy_cifar.session_config(cfg.towers))
     legacy.sess.run(legacy.init)
     with graph.as_default():
         if start_path or cfg.checkpoint:
@@ -250,11 +249,11 @@ def legacy_feed(legacy, x, y, masks=None, training=True, split=None, cut=None):
     1 keeps, 0 drops).  masks: one per tower, or one array of per-row masks, cut as the towers
     are; `cut` (starts, sizes, weights) overrides the weighted graph's split."""
     keep_prob = legacy.args.keep_prob if training else 1.0
-    feed, dropped = legacy_cifar.make_feed(legacy.ns, x, y, training, keep_prob, split=split)
+    feed, dropped = programs.legacy_cifar.make_feed(legacy.ns, x, y, training, keep_prob, split=split)
     if cut is not None:
         feed.update({legacy.ns.tower_starts: cut[0], legacy.ns.tower_sizes: cut[1], legacy.ns.tower_weights: cut[2]})
     if isinstance(masks, np.ndarray):
-        split_of = legacy_cifar.tower_split(legacy.ns, len(x), split)
+        split_of = programs.legacy_cifar.tower_split(legacy.ns, len(x), split)
         masks = [masks[s:s + n] for s, n in zip(split_of.starts, split_of.sizes)]
     for i, mask in enumerate(masks or []):
         feed[legacy.ns.dropout_noise[i]] = mask
@@ -290,16 +289,16 @@ def legacy_gradients(legacy, x, y, masks, **kw):
 def build_modern(cfg, strategy, start_path, tmp_dir, extra_argv=()):
     """The modern program's `build` (model, optimizer) from its own parsed defaults, loaded with the
     legacy start weights; its train and eval steps traced once for every batch size."""
-    args = program_args(modern_cifar.parse_args, "--num_replicas", cfg, tmp_dir, extra_argv)
+    args = program_args(programs.modern_cifar.parse_args, "--num_replicas", cfg, tmp_dir, extra_argv)
     args.pretrained = start_path
-    model, optimizer, *_ = modern_cifar.build(strategy, args)
+    model, optimizer, *_ = programs.modern_cifar.build(strategy, args)
     checkpoints.load_tf1_checkpoint(model, start_path)  # Logits too (build excludes them)
     spec = element_spec(strategy)
     return Modern(model=model, optimizer=optimizer, strategy=strategy, args=args,
                   names=checkpoints.tf1_variable_map(model),
-                  train_step=modern_cifar.make_train_step(model, optimizer, strategy, return_metrics=True,
+                  train_step=programs.modern_cifar.make_train_step(model, optimizer, strategy, return_metrics=True,
                                                           element_spec=spec),
-                  eval_step=modern_cifar.make_eval_step(model, strategy, element_spec=spec), spec=spec)
+                  eval_step=programs.modern_cifar.make_eval_step(model, strategy, element_spec=spec), spec=spec)
 
 
 def distribute(strategy, x, y):
@@ -308,7 +307,7 @@ def distribute(strategy, x, y):
     the trainer; returns the distributed element and each replica's row count."""
     n = strategy.num_replicas_in_sync
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)).map(
-        lambda a, b: modern_cifar.spread_short_batch(a, b, n))
+        lambda a, b: programs.modern_cifar.spread_short_batch(a, b, n))
     element = next(iter(cluster.distribute(strategy, None, dataset)))
     rows = [int(t.shape[0]) for t in strategy.experimental_local_results(element[1])]
     return element, rows
@@ -318,7 +317,7 @@ def element_spec(strategy):
     """The distributed element_spec of `distribute` (no static row count: one trace for all)."""
     x, y = make_batches(1, 3, 0)
     dataset = tf.data.Dataset.from_tensor_slices((x[0], y[0])).batch(3).map(
-        lambda a, b: modern_cifar.spread_short_batch(a, b, strategy.num_replicas_in_sync))
+        lambda a, b: programs.modern_cifar.spread_short_batch(a, b, strategy.num_replicas_in_sync))
     return cluster.distribute(strategy, None, dataset).element_spec
 
 
@@ -435,8 +434,8 @@ def check_config(h):
     extra = ["--boundaries", "3", "7", "--values", "0.002", "0.0005", "0.0001", "--keep_prob", "0.5",
              "--batch_size", "24", "--epochs", "3", "--valid_every", "7"]
     for argv in ([], extra):
-        la = legacy_cifar.parse_args(["--num_towers", "3", *argv])
-        ma = modern_cifar.parse_args(["--num_replicas", "3", *argv])
+        la = programs.legacy_cifar.parse_args(["--num_towers", "3", *argv])
+        ma = programs.modern_cifar.parse_args(["--num_replicas", "3", *argv])
         for key in ("batch_size", "valid_batch_size", "epochs", "shuffle_buffer", "boundaries", "values",
                     "keep_prob", "log_every", "valid_every", "max_steps"):
             if getattr(la, key) != getattr(ma, key):
@@ -444,7 +443,7 @@ def check_config(h):
         if la.num_towers != ma.num_replicas:
             differ.append("tower count")
     for key in ("EMBEDDED_PROFILE", "ORIGINAL_PROFILE"):
-        if getattr(legacy_cifar, key) != getattr(modern_cifar, key):
+        if getattr(programs.legacy_cifar, key) != getattr(programs.modern_cifar, key):
             differ.append(key)
     model = h.modern.model
     built = {"dropout rate": (1 - h.legacy.args.keep_prob, model.dropout.rate)}
@@ -582,7 +581,7 @@ def check_pipelines(h):
             except tf.errors.OutOfRangeError:
                 break
     plan = pipeline(n)
-    train_ds, val_ds = modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], plan["batch_size"],
+    train_ds, val_ds = programs.modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], plan["batch_size"],
                                                   plan["valid_batch_size"], plan["shuffle_buffer"],
                                                   plan["epochs"], num_replicas=n)
     errors, problems = [], []
@@ -620,13 +619,13 @@ def check_validation(h):
     _, _, _, val_iterator, val_images, val_labels = legacy.data
     with tempfile.TemporaryDirectory() as events, legacy.graph.as_default():
         writer = tf1.summary.FileWriter(events)
-        acc_l, loss_l = legacy_cifar.validate(legacy.sess, legacy.ns, val_iterator, val_images, val_labels,
+        acc_l, loss_l = programs.legacy_cifar.validate(legacy.sess, legacy.ns, val_iterator, val_images, val_labels,
                                               writer, 0, "fix")
         writer.close()
     sizes = pipeline(n)
-    _, val_ds = modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], sizes["batch_size"],
+    _, val_ds = programs.modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], sizes["batch_size"],
                                            sizes["valid_batch_size"], sizes["shuffle_buffer"], 1, num_replicas=n)
-    acc_m, loss_m = modern_cifar.validate(modern.eval_step, cluster.distribute(modern.strategy, None, val_ds))
+    acc_m, loss_m = programs.modern_cifar.validate(modern.eval_step, cluster.distribute(modern.strategy, None, val_ds))
     legacy.sess.run(val_iterator.initializer)
     per_batch, hits, ces = [], [], []
     while True:

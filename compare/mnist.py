@@ -24,12 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from compare import common
+from compare import programs
 from compare.report import TOLERANCES, judge, tensor_error
-from legacy import mnist_eval
-from legacy import mnist_multi_gpu as legacy_mnist
 from legacy.towers import session_config
 from modern import cluster
-from modern import mnist_multi_gpu as modern_mnist
 from records import mnist as mnist_records
 
 tf1 = tf.compat.v1
@@ -88,8 +86,8 @@ def write_data(tmp_dir, num_towers, steps, seed):
 
 
 def program_args(num_towers):
-    legacy = legacy_mnist.parse_args(["--num_gpus", str(num_towers), "--batch_size", str(BATCH)])
-    modern = modern_mnist.parse_args(["--num_replicas", str(num_towers), "--batch_size", str(BATCH)])
+    legacy = programs.legacy_mnist.parse_args(["--num_gpus", str(num_towers), "--batch_size", str(BATCH)])
+    modern = programs.modern_mnist.parse_args(["--num_replicas", str(num_towers), "--batch_size", str(BATCH)])
     return legacy, modern
 
 
@@ -100,9 +98,9 @@ def build_legacy(args, data_path, original=True):
     graph = tf1.Graph()
     with graph.as_default(), tf1.device("/cpu:0"), shuffle_off():
         tf1.set_random_seed(0)
-        inputs = (legacy_mnist.get_input(data_path, args.batch_size) * n if original
-                  else legacy_mnist.get_input(data_path, args.batch_size, num_batches=n))
-        ns = legacy_mnist.build_train_graph(
+        inputs = (programs.legacy_mnist.get_input(data_path, args.batch_size) * n if original
+                  else programs.legacy_mnist.get_input(data_path, args.batch_size, num_batches=n))
+        ns = programs.legacy_mnist.build_train_graph(
             inputs, regularization_rate=args.regularization_rate, learning_rate_base=args.learning_rate_base,
             learning_rate_decay=args.learning_rate_decay, decay_steps=60000 / args.batch_size,
             moving_average_decay=args.moving_average_decay, ordered_ema=not original)
@@ -117,20 +115,20 @@ def build_legacy(args, data_path, original=True):
 def build_modern(strategy, args, data_path, start, same_batch):
     """The program's model, optimizer, moving average, train step and input, from `start` weights."""
     with strategy.scope():
-        model = modern_mnist.build_model(args.regularization_rate)
-        optimizer = modern_mnist.make_optimizer(args.learning_rate_base, 60000 / args.batch_size,
+        model = programs.modern_mnist.build_model(args.regularization_rate)
+        optimizer = programs.modern_mnist.make_optimizer(args.learning_rate_base, 60000 / args.batch_size,
                                                 args.learning_rate_decay)
         for v in model.trainable_variables:
-            v.assign(start[modern_mnist.legacy_name(v)])
+            v.assign(start[programs.modern_mnist.legacy_name(v)])
         optimizer.build(model.trainable_variables)
-        ema, shadows = modern_mnist.make_moving_average(model, optimizer, args.moving_average_decay)
+        ema, shadows = programs.modern_mnist.make_moving_average(model, optimizer, args.moving_average_decay)
     with shuffle_off():
-        dataset = modern_mnist.get_input(data_path, args.batch_size, strategy.num_replicas_in_sync, same_batch)
+        dataset = programs.modern_mnist.get_input(data_path, args.batch_size, strategy.num_replicas_in_sync, same_batch)
     dist = cluster.distribute(strategy, None, dataset)  # the program's input path
-    train_step = modern_mnist.make_train_step(model, optimizer, strategy, ema, return_grads=True,
+    train_step = programs.modern_mnist.make_train_step(model, optimizer, strategy, ema, return_grads=True,
                                               element_spec=dist.element_spec)
     return ModernMnist(model=model, optimizer=optimizer, ema=ema, shadows=shadows, train_step=train_step,
-                       weights={modern_mnist.legacy_name(v): v for v in model.trainable_variables},
+                       weights={programs.modern_mnist.legacy_name(v): v for v in model.trainable_variables},
                        iterator=iter(dist))
 
 
@@ -148,13 +146,14 @@ def check_config(num_towers):
     extra = ["--batch_size", "37", "--learning_rate_base", "0.2", "--learning_rate_decay", "0.5",
              "--regularization_rate", "0.01", "--training_steps", "7", "--moving_average_decay", "0.9"]
     for argv in ([], extra):
-        la = legacy_mnist.parse_args(["--num_gpus", str(num_towers), *argv])
-        ma = modern_mnist.parse_args(["--num_replicas", str(num_towers), *argv])
+        la = programs.legacy_mnist.parse_args(["--num_gpus", str(num_towers), *argv])
+        ma = programs.modern_mnist.parse_args(["--num_replicas", str(num_towers), *argv])
         for key in ("batch_size", "learning_rate_base", "learning_rate_decay", "regularization_rate",
                     "training_steps", "moving_average_decay", "model_name"):
             if getattr(la, key) != getattr(ma, key):
                 differ.append(f"{key}: legacy {getattr(la, key)} vs modern {getattr(ma, key)}")
-    if mnist_eval.parse_args([]).moving_average_decay != modern_mnist.parse_args([]).moving_average_decay:
+    eval_decay = programs.legacy_mnist_eval.parse_args([]).moving_average_decay
+    if eval_decay != programs.modern_mnist.parse_args([]).moving_average_decay:
         differ.append("mnist_eval moving_average_decay")
     return judge("configuration (parsed defaults)", MODEL, [], "exact", ok=not differ,
                  note="; ".join(differ) or f"defaults and {len(extra) // 2} non-default arguments agree")
@@ -220,7 +219,7 @@ def run_pair(g, m, steps, label, original, decay):
         loss_m, grads_m = m.train_step(next(m.iterator))
         losses_l.append(float(np.mean(losses)))
         losses_m.append(float(loss_m))
-        by_name = dict(zip([modern_mnist.legacy_name(v) for v in m.model.trainable_variables], grads_m))
+        by_name = dict(zip([programs.modern_mnist.legacy_name(v) for v in m.model.trainable_variables], grads_m))
         grad_err += [tensor_error(f"step {k}: {v.op.name} gradient", gl, by_name[v.op.name].numpy())
                      for gl, (_, v) in zip(grads_l, g.ns.grads)]
         for n in sorted(after_s):
@@ -285,12 +284,12 @@ def check_pipelines(args_l, args_m, data_path, num_towers, steps):
     graph = tf1.Graph()
     errors, note = [], ""
     with graph.as_default(), shuffle_off():
-        batches_l = legacy_mnist.get_input(data_path, args_l.batch_size, num_batches=num_towers)
+        batches_l = programs.legacy_mnist.get_input(data_path, args_l.batch_size, num_batches=num_towers)
     with tf1.Session(graph=graph) as sess:
         legacy = [sess.run(batches_l) for _ in range(steps)]
     with shuffle_off():
-        modern = modern_mnist.get_input(data_path, args_m.batch_size, num_towers)
-        same = modern_mnist.get_input(data_path, args_m.batch_size, num_towers, same_batch_per_replica=True)
+        modern = programs.modern_mnist.get_input(data_path, args_m.batch_size, num_towers)
+        same = programs.modern_mnist.get_input(data_path, args_m.batch_size, num_towers, same_batch_per_replica=True)
     for k, global_m in enumerate(modern.take(steps)):
         # The N get_next() ops of one legacy step run in no fixed order, so which tower gets which
         # of the N consecutive batches varies (harmless: every tower has the same weights); compare
@@ -318,11 +317,12 @@ def check_evaluation(g, m, args, files, tmp_dir):
     with g.graph.as_default():
         path = g.ns.saver.save(g.sess, os.path.join(folder, "model.ckpt"), global_step=1)
     images, labels = mnist_records.load_tfrecords(files["eval"])
-    _, acc_l = mnist_eval.evaluate_checkpoint(images.astype(np.float32), labels, folder, args.moving_average_decay)
+    _, acc_l = programs.legacy_mnist_eval.evaluate_checkpoint(images.astype(np.float32), labels, folder,
+                                                              args.moving_average_decay)
     reader = tf.train.load_checkpoint(path)
     for name, shadow in m.shadows.items():
         shadow.assign(reader.get_tensor(f"{name}/ExponentialMovingAverage"))
-    acc_m = modern_mnist.evaluate_averaged(m.shadows, files["eval"], args.regularization_rate)
+    acc_m = programs.modern_mnist.evaluate_averaged(m.shadows, files["eval"], args.regularization_rate)
     return judge("evaluation (mnist_eval vs evaluate_averaged)", MODEL, [tensor_error("accuracy", acc_l, acc_m)],
                  "mlp", note=f"the moving averages of one legacy checkpoint: legacy {acc_l:.4f}, modern {acc_m:.4f} "
                                f"on {len(labels)} held-out rows")
@@ -335,10 +335,10 @@ def check_checkpoint_round_trip(g, tmp_dir, strategy, args):
         prefix = g.ns.saver.save(g.sess, f"{tmp_dir}/mnist_legacy.ckpt", write_meta_graph=False)
     reader = tf.train.load_checkpoint(prefix)
     with strategy.scope():
-        model = modern_mnist.build_model(args.regularization_rate)
+        model = programs.modern_mnist.build_model(args.regularization_rate)
     for v in model.trainable_variables:
-        v.assign(reader.get_tensor(modern_mnist.legacy_name(v)))
-    back = write_tf1_checkpoint({modern_mnist.legacy_name(v): v.numpy() for v in model.trainable_variables},
+        v.assign(reader.get_tensor(programs.modern_mnist.legacy_name(v)))
+    back = write_tf1_checkpoint({programs.modern_mnist.legacy_name(v): v.numpy() for v in model.trainable_variables},
                                 f"{tmp_dir}/mnist_back.ckpt")
     back_reader = tf.train.load_checkpoint(back)
     names = sorted(back_reader.get_variable_to_shape_map())

@@ -9,8 +9,10 @@ Run it (from the repository root):
     python compare/run.py --model cifar --only splits,steps --towers 4
     python compare/run.py --model cifar --checkpoint models/temporary --report reports/parity.json \\
         --plot reports/parity.png
+    python compare/run.py --program modern_cifar=my_package.my_trainer   # judge another program
 
-Every check drives the programs' own functions (`compare/cifar.py`, `compare/mnist.py`): parsed
+Every check drives the programs' own functions (`compare/cifar.py`, `compare/mnist.py`, through
+the interface of `compare/programs.py`, so any module that implements it can be judged): parsed
 defaults and input pipelines, inference and evaluation, dropout, the training forward pass and the
 gradients the modern train step applies, batch splits, restart-per-step training across every
 learning-rate boundary (Adam checked on each side), free-running trajectories against a measured
@@ -54,7 +56,17 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write a PNG chart here")
+    p.add_argument("--program", action="append", default=[], metavar="ROLE=MODULE",
+                   help="judge MODULE (a dotted name) in ROLE instead of this repository's program "
+                        "(roles: legacy_cifar, modern_cifar, legacy_mnist, legacy_mnist_eval, "
+                        "modern_mnist; the interface: compare/programs.py); repeatable")
     args = p.parse_args(argv)
+    args.programs = {}
+    for spec in args.program:
+        role, _, module = spec.partition("=")
+        if not module:
+            p.error(f"--program {spec}: expected ROLE=MODULE, e.g. modern_cifar=my_package.my_trainer")
+        args.programs[role] = module
     if args.towers < 1:
         p.error("--towers must be at least 1")
     if args.steps is not None and args.steps < 1:
@@ -85,6 +97,7 @@ def start_model_process(model, args, report_path):
             "--seed", str(args.seed), "--report", report_path]
     argv += ["--quick"] if args.quick else []
     argv += ["--steps", str(args.steps)] if args.steps else []
+    argv += [f"--program={spec}" for spec in args.program]
     return spawn(model, argv, report_path)
 
 
@@ -128,7 +141,14 @@ def main(argv=None):
 
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
-    from compare import report
+    from compare import programs, report
+    try:
+        programs.use(**args.programs)
+    except programs.InterfaceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for role, module in args.programs.items():
+        log(f"judging {module} as {role}")
 
     results = []
     with tempfile.TemporaryDirectory() as tmp_dir:

@@ -1,0 +1,115 @@
+"""What a program exposes to be judged: one small interface per role, and the programs that fill them.
+
+The harness never copies or stands in for a program's code: it imports the program's module and
+calls these functions, as the program's own `main` does.  A role is a list of names the module
+must define; each name is documented below by what the harness does with it.  Any module that
+defines them can be judged: `python compare/run.py --program modern_cifar=my_package.my_trainer`
+runs every check against `my_package/my_trainer.py` instead of `modern/cifar_resnet.py`.
+
+    role               default module                 what the harness calls
+    legacy_cifar       legacy.cifar_resnet            see ROLES["legacy_cifar"]
+    modern_cifar       modern.cifar_resnet            ...
+    legacy_mnist       legacy.mnist_multi_gpu
+    legacy_mnist_eval  legacy.mnist_eval
+    modern_mnist       modern.mnist_multi_gpu
+
+What the interface does not cover: the CIFAR checks also read the modern model's layers (its
+dropout, batch norms and blocks, by the attribute names of `modern.resnet_v2`), and the MNIST
+checks the Keras model's two dense layers; a third program must build its model from those classes
+or with the same attribute names.
+
+The harness modules (compare/cifar.py, compare/mnist.py) read the programs as attributes of this
+module at call time (`programs.modern_cifar.make_train_step(...)`), so `use()` swaps one for every
+check, and a test that patches a function of the real module (monkeypatch) patches what is judged.
+"""
+import importlib
+
+ROLES = {
+    "legacy_cifar": {
+        "parse_args": "argv -> the program's parsed flags (its defaults are compared with the modern ones)",
+        "make_datasets": "the input pipelines (train, valid) of the TF1 graph, compared batch for batch",
+        "build_graph": "the training graph with its towers, as the trainer builds it",
+        "make_feed": "the placeholders' feed for one batch (rows, keep_prob, is_training)",
+        "tower_split": "how a batch of B rows is cut over the towers (rows per tower, dropped rows)",
+        "session_config": "the trainer's ConfigProto (virtual CPU devices, grappler)",
+        "validate": "the trainer's validation pass over a dataset",
+        "EMBEDDED_PROFILE": "the flag values of the embedded-data profile (compared with the modern ones)",
+        "ORIGINAL_PROFILE": "the original's flag values",
+    },
+    "modern_cifar": {
+        "parse_args": "argv -> parsed flags",
+        "make_datasets": "the tf.data pipelines of global batches (train, valid)",
+        "spread_short_batch": "a global batch -> (x, y, weights) that never leaves a replica empty",
+        "build": "model, optimizer and checkpoint in the strategy's scope",
+        "make_train_step": "the tf.function the trainer runs for one step (gradients read out of it)",
+        "make_eval_step": "the tf.function of one validation batch",
+        "validate": "the trainer's validation pass",
+        "EMBEDDED_PROFILE": "as legacy_cifar's",
+        "ORIGINAL_PROFILE": "as legacy_cifar's",
+    },
+    "legacy_mnist": {
+        "parse_args": "argv -> parsed flags",
+        "get_input": "the queue-free input of the TF1 trainer (one batch, or one per tower)",
+        "build_train_graph": "the training graph: towers, averaged gradients, SGD, moving averages",
+    },
+    "legacy_mnist_eval": {
+        "parse_args": "argv -> parsed flags (its moving-average decay must be the trainer's)",
+        "evaluate_checkpoint": "the accuracy of a checkpoint through its moving averages",
+    },
+    "modern_mnist": {
+        "parse_args": "argv -> parsed flags",
+        "get_input": "the dataset of global batches",
+        "build_model": "the Keras model (its l2 regularisers included)",
+        "make_optimizer": "SGD on the decaying learning rate",
+        "make_moving_average": "the moving averages of the weights",
+        "make_train_step": "the tf.function the trainer runs for one step",
+        "legacy_name": "a variable -> its TF1 name (checkpoints and reports use TF1 names)",
+        "evaluate_averaged": "the accuracy of the moving averages on a TFRecord file",
+    },
+}
+
+DEFAULTS = {
+    "legacy_cifar": "legacy.cifar_resnet",
+    "modern_cifar": "modern.cifar_resnet",
+    "legacy_mnist": "legacy.mnist_multi_gpu",
+    "legacy_mnist_eval": "legacy.mnist_eval",
+    "modern_mnist": "modern.mnist_multi_gpu",
+}
+
+
+class InterfaceError(Exception):
+    """A module does not implement the role it is given."""
+
+
+def missing(module, role):
+    """The names of `ROLES[role]` that `module` does not define (as callables; UPPER_CASE names as
+    data), in order."""
+    return [name for name in ROLES[role]
+            if not (hasattr(module, name) if name.isupper() else callable(getattr(module, name, None)))]
+
+
+def use(**modules):
+    """Judge these modules (role=module object or dotted name) from now on; returns the previous
+    ones (pass them to `use` again to restore).  Raises InterfaceError, naming what is missing,
+    before anything is swapped."""
+    loaded = {}
+    for role, module in modules.items():
+        if role not in ROLES:
+            raise InterfaceError(f"unknown role {role!r}; the roles are {', '.join(ROLES)}")
+        if isinstance(module, str):
+            try:
+                module = importlib.import_module(module)
+            except ImportError as e:
+                raise InterfaceError(f"--program {role}={module}: cannot import it ({e})") from None
+        lacks = missing(module, role)
+        if lacks:
+            raise InterfaceError(f"{module.__name__} cannot be judged as {role}: it does not define "
+                                 f"{', '.join(lacks)} (see compare/programs.py)")
+        loaded[role] = module
+    previous = {role: globals()[role] for role in loaded}
+    globals().update(loaded)
+    return previous
+
+
+legacy_cifar = modern_cifar = legacy_mnist = legacy_mnist_eval = modern_mnist = None
+use(**DEFAULTS)

@@ -1,0 +1,59 @@
+"""The interface the harness judges programs through (compare/programs.py): the four programs
+implement it, a module that does not is refused by name, and a third program written the same way
+is judged by the same checks (`compare/run.py --program ROLE=MODULE`).
+"""
+import types
+
+import pytest
+
+from modern.runtime import DeviceSetupError, configure_devices
+
+try:  # before TensorFlow's runtime starts: pytest imports every test module first
+    configure_devices(2)
+except DeviceSetupError:
+    pass
+
+from compare import mnist as compare_mnist  # noqa: E402
+from compare import programs  # noqa: E402
+from conftest import run_program  # noqa: E402
+from modern import mnist_multi_gpu  # noqa: E402
+
+
+def test_this_repositorys_programs_implement_their_roles():
+    for role, name in programs.DEFAULTS.items():
+        assert getattr(programs, role).__name__ == name
+        assert programs.missing(getattr(programs, role), role) == []
+
+
+def test_a_module_without_the_interface_is_refused_by_name_and_nothing_is_swapped():
+    partial = types.ModuleType("partial_trainer")
+    partial.parse_args = lambda argv=None: None
+    with pytest.raises(programs.InterfaceError, match="partial_trainer cannot be judged as modern_mnist: "
+                                                      "it does not define get_input, build_model"):
+        programs.use(modern_mnist=partial)
+    assert programs.modern_mnist is mnist_multi_gpu
+    with pytest.raises(programs.InterfaceError, match="unknown role 'modern_resnet'"):
+        programs.use(modern_resnet=mnist_multi_gpu)
+
+
+def test_a_third_program_is_judged_by_the_same_checks(tmp_path):
+    """A copy of the modern MNIST trainer's namespace whose learning-rate schedule decays one step
+    late: judged in the modern_mnist role, the lr check fails and the other checks still pass."""
+    third = types.ModuleType("third_mnist")
+    third.__dict__.update({k: v for k, v in vars(mnist_multi_gpu).items() if not k.startswith("__")})
+    real = mnist_multi_gpu.make_optimizer
+    third.make_optimizer = lambda base, decay_steps, decay: real(base, decay_steps + 1, decay)
+    previous = programs.use(modern_mnist=third)
+    try:
+        results = compare_mnist.run(2, 6, tmp_dir=str(tmp_path), log=lambda *_: None)
+    finally:
+        programs.use(**previous)
+    assert sorted(r.check for r in results if r.status == "FAIL") == ["lr schedule"]
+    assert programs.modern_mnist is mnist_multi_gpu
+
+
+def test_command_line_refuses_a_program_it_cannot_judge():
+    done = run_program(["compare/run.py", "--model", "mnist", "--program", "modern_mnist=no_such.trainer"])
+    assert done.returncode == 2 and "cannot import it" in done.stderr, done.stderr[-2000:]
+    done = run_program(["compare/run.py", "--model", "mnist", "--program", "modern_mnist"])
+    assert done.returncode == 2 and "expected ROLE=MODULE" in done.stderr, done.stderr[-2000:]
