@@ -13,7 +13,7 @@ Run it again with the same --model_dir and it resumes from the latest checkpoint
 step, best validation accuracy).
 
 The same training as the legacy graph, written the TF2 way:
-  towers sliced from a fed batch      ->  tf.data + strategy.experimental_distribute_dataset
+  towers sliced from a fed batch      ->  tf.data global batches cut into replica slices (cluster.distribute)
   slim resnet_v2_50 + Logits head     ->  modern.resnet_v2.resnet_v2_50 (slim-exact, same names)
   per-tower mean loss, average_gradients  ->  replica_gradients (scaled by the global batch),
                                           gradients SUM-all-reduced by the optimizer
@@ -168,10 +168,11 @@ def resolve_data(args):
 # Data: the original's pipelines, handed to the replicas by the strategy.
 # ----------------------------------------------------------------------------------------------
 def spread_short_batch(x, y_onehot, num_replicas):
-    """A global batch -> (x, y_onehot, weights) that `experimental_distribute_dataset` can split
+    """A global batch -> (x, y_onehot, weights) that `cluster.distribute` can split
     without leaving a replica empty.
 
-    The strategy re-batches B rows into replica batches of ceil(B/N) rows, in order, so the last
+    `cluster.distribute` (like the strategy's own `experimental_distribute_dataset`) cuts B rows
+    into replica batches of ceil(B/N) rows, in order, so the last
     replicas get what is left (7 rows on 2 replicas: 4 + 3), and that can be nothing: whenever
     ceil(B/N) * (N - 1) >= B.  That is every batch with fewer rows than replicas (1 row on 2:
     1 + 0), and more (5 rows on 4: 2 + 2 + 1 + 0; 4 rows on 3: 2 + 2 + 0; measured, and found by
@@ -201,7 +202,7 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
 
     Same order as the original: parse, preprocess, shuffle, batch, repeat (batch before repeat, so
     every epoch ends on a short batch).  Elements are (images, one-hot labels, weights) from
-    `spread_short_batch`; `experimental_distribute_dataset` then splits each global batch over the
+    `spread_short_batch`; `cluster.distribute` then splits each global batch over the
     replicas, the short one included (7 rows on 2 replicas: 4 + 3).  `skip_batches` skips what a
     resumed run has already trained on; `shuffle_seed` makes the shuffle the same in every worker of a
     cluster (`modern.cluster.shared_seed`, kept in the checkpoint).
@@ -341,7 +342,7 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
                     element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
-    dist_batch: an (images, one-hot labels[, weights]) element of `experimental_distribute_dataset`
+    dist_batch: an (images, one-hot labels[, weights]) element of `cluster.distribute`
     (weights from spread_short_batch; every replica must hold at least one row).
     Each replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces
     the replicas' gradients and applies them once to every copy of the weights (Adam steps once).
@@ -463,11 +464,9 @@ def build(strategy, args, worker=None):
 # ----------------------------------------------------------------------------------------------
 # The session loop's counterpart.
 # ----------------------------------------------------------------------------------------------
-def train(args):
-    seed_program(args.seed, args.deterministic)
-    # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
-    n = strategy.num_replicas_in_sync
+def check_inputs(args, worker, n):
+    """Set-up before any model: the data and folders checked (UsageError otherwise), and logged.
+    Returns (train_files, valid_files, steps_per_epoch)."""
     embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
     check_writable(args.model_dir, "--model_dir")
     for sub in ("train", "valid"):
@@ -484,6 +483,37 @@ def train(args):
           f"split over the replicas whole (no row dropped"
           + (f"; it would leave a replica empty: copied to each, weighted 1/{n})"
              if leaves_a_replica_empty(last, n) else ")"))
+    return train_files, valid_files, steps_per_epoch
+
+
+def validate_and_keep_best(eval_step, dist_val_ds, valid_writer, step, lr, best_acc, manager):
+    """The legacy validation block: validate, write the summaries, print the original's lines, and
+    save the model when it beats `best_acc` (which travels in the checkpoint, so a resumed run keeps
+    it).  Returns the saved checkpoint's path, or None."""
+    avg_acc, avg_loss = validate(eval_step, dist_val_ds)
+    with valid_writer.as_default():
+        write_scalar("lr", lr, step)
+        write_scalar("accuracy", avg_acc, step)
+        write_scalar("loss", avg_loss, step)
+    print('------------------------------------------------------')
+    print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
+    print('------------------------------------------------------')
+    if avg_acc > float(best_acc.numpy()):
+        best_acc.assign(avg_acc)
+        saved = manager.save(checkpoint_number=step)
+        print("Model saved successfully")
+        print("Save the best model with val_acc %0.4f" % avg_acc)
+        return saved
+    print("Val_acc stay with val_acc %0.4f" % float(best_acc.numpy()), flush=True)
+    return None
+
+
+def train(args):
+    seed_program(args.seed, args.deterministic)
+    # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
+    n = strategy.num_replicas_in_sync
+    train_files, valid_files, steps_per_epoch = check_inputs(args, worker, n)
 
     model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args, worker)
     run_step = cluster.step_runner(worker, checkpoint, args.model_dir, manager, lambda: int(optimizer.iterations.numpy()))
@@ -536,23 +566,10 @@ def train(args):
                 write_scalar("lr", lr, step)
                 write_scalar("accuracy", acc_t, step)
                 write_scalar("loss", loss_t, step)
-        if step % args.valid_every == 0:  # validation accuracy
-            avg_acc, avg_loss = validate(eval_step, dist_val_ds)
-            with valid_writer.as_default():
-                write_scalar("lr", lr, step)
-                write_scalar("accuracy", avg_acc, step)
-                write_scalar("loss", avg_loss, step)
-            print('------------------------------------------------------')
-            print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
-            print('------------------------------------------------------')
-            # Save the best model (best_acc travels in the checkpoint, so a resumed run keeps it).
-            if avg_acc > float(best_acc.numpy()):
-                best_acc.assign(avg_acc)
-                best_step, best_path = step, manager.save(checkpoint_number=step)
-                print("Model saved successfully")
-                print("Save the best model with val_acc %0.4f" % avg_acc)
-            else:
-                print("Val_acc stay with val_acc %0.4f" % float(best_acc.numpy()), flush=True)
+        if step % args.valid_every == 0:  # validation accuracy; the best model saved
+            saved = validate_and_keep_best(eval_step, dist_val_ds, valid_writer, step, lr, best_acc, manager)
+            if saved:
+                best_step, best_path = step, saved
     train_writer.close()
     valid_writer.close()
     if step > start and best_step != step:

@@ -97,7 +97,7 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------
 def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0,
               shuffle_seed=None):
-    """The original's `get_input`, as a dataset of *global* batches for `experimental_distribute_dataset`.
+    """The original's `get_input`, as a dataset of *global* batches for `cluster.distribute`.
 
     Each replica receives `batch_size` rows.  By default they are different rows (the global batch is
     batch_size * num_replicas consecutive examples); with `same_batch_per_replica` one batch of
@@ -237,7 +237,7 @@ def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None
                     element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
-    dist_batch is an (x, labels) element of `strategy.experimental_distribute_dataset`.  Each
+    dist_batch is an (x, labels) element of `cluster.distribute`.  Each
     replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces the
     replicas' gradients (the legacy `average_gradients`, see compute_replica_loss) and applies them
     once to every copy of the weights; then `ema` (if given) averages the updated weights.
