@@ -180,3 +180,28 @@ def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(harnes
     results = restart_steps(harness, steps=(0,))
     assert [name for name, r in results.items() if r.status == "FAIL"] == ["bn moving statistics"]
     assert "conv1/BatchNorm/moving" in results["bn moving statistics"].worst.name
+
+
+def test_replica_slices_of_floor_size_fail_the_split_checks(harness, monkeypatch):
+    """The input path the program runs (`modern.cluster.distribute`) cutting B rows into replica
+    batches of floor(B/N) rows, a common hand-written split: the remainder rows are lost, as in the
+    legacy fix, so the uneven-batch check whose prediction is "the modern program keeps every row"
+    fails; an even batch is cut the same either way, so the training checks still pass."""
+    from modern import cluster
+
+    def floor_split(self, batch):
+        rows = int(batch[0].shape[0])
+
+        def part(ctx):
+            per_replica = rows // ctx.num_replicas_in_sync
+            start = ctx.replica_id_in_sync_group * per_replica
+            return tuple(t[start:start + per_replica] for t in batch)
+
+        return self.strategy.experimental_distribute_values_from_function(part)
+
+    monkeypatch.setattr(cluster.ReplicaBatches, "split", floor_split)
+    splits = compare_cifar.check_splits(harness, harness.xs[-1], harness.ys[-1])
+    failed = [r.check for r in splits if r.status == "FAIL"]
+    assert "split: remainder dropped" in failed, failed
+    training = by_check(compare_cifar.check_training(harness, harness.xs[-1], harness.ys[-1]))
+    assert {r.status for r in training.values()} == {"PASS"}
