@@ -376,13 +376,11 @@ def _modern_forward(model):
     return concrete.graph, concrete.outputs[0]
 
 
-WORKERS = {("cifar", "legacy-feed"): cifar_legacy_worker, ("cifar", "legacy-iterator"): cifar_legacy_worker,
-           ("cifar", "modern"): cifar_modern_worker, ("cifar", "modern-collective"): cifar_modern_worker,
-           ("cifar", "modern-keras-adam"): cifar_modern_worker, ("cifar", "modern-strategy-iterator"): cifar_modern_worker,
-           ("mnist", "legacy"): mnist_legacy_worker, ("mnist", "legacy-per-tower"): mnist_legacy_worker,
-           ("mnist", "modern"): mnist_modern_worker, ("mnist", "modern-collective"): mnist_modern_worker,
-           ("mnist", "modern-strategy-iterator"): mnist_modern_worker,
-           ("calibrate", None): calibrate_worker}
+# Each variant runs in its side's worker: (legacy worker, modern worker) per model.
+SIDES = {"cifar": (cifar_legacy_worker, cifar_modern_worker), "mnist": (mnist_legacy_worker, mnist_modern_worker)}
+WORKERS = {(model, variant): SIDES[model][variant.startswith("modern")]
+           for model, variants in VARIANTS.items() for variant in variants}
+WORKERS[("calibrate", None)] = calibrate_worker
 
 
 def run_worker(spec_json):

@@ -141,7 +141,7 @@ def empty_replica(rows, n):
     """The strategy re-batches `rows` into replica batches of ceil(rows / n), in order: the last
     replica gets none when ceil(rows / n) * (n - 1) >= rows (measured: 5 rows on 4 replicas give
     2 + 2 + 1 + 0, 4 on 3 give 2 + 2 + 0).  The modern program must then copy the batch."""
-    return -(-rows // n) * (n - 1) >= rows
+    return replica_rows(rows, n)[-1] == 0
 
 
 def write_records(tmp_dir, seed, num_towers):

@@ -173,7 +173,7 @@ def make_strategy(num_replicas, log=print, connect_timeout=DEFAULT_CONNECT_TIMEO
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
-        missing = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", e.message)) - {index})
+        missing = tasks_named(e.message, index)
         who = (", ".join(f"worker {i} ({addresses[i]})" for i in missing) if missing
                else f"the chief, worker 0 ({addresses[0]})" if index else "the other workers")
         raise UsageError(
@@ -412,6 +412,11 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.e
                tf.errors.CancelledError)
 
 
+def tasks_named(message, index):
+    """The worker indices a TensorFlow error message names (`/job:worker/replica:0/task:i`), other than `index`."""
+    return sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", message)) - {index})
+
+
 def reporting_lost_peers(worker, folder, fn):
     """fn, raising PeerLostError instead of the collective errors of a lost worker (on a cluster)."""
     if worker is None:
@@ -427,7 +432,7 @@ def reporting_lost_peers(worker, folder, fn):
 
 def lost_peer_message(worker, error, folder):
     """The paragraph a surviving worker prints: who is lost, why, and how the run goes on."""
-    lost = sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", error.message)) - {worker.index})
+    lost = tasks_named(error.message, worker.index)
     who = ", ".join(f"worker {i} ({worker.addresses[i]})" for i in lost if i < worker.count) or "another worker"
     reason = next((line.strip() for line in error.message.splitlines()
                    if "aborted by" in line or "Connection" in line or "heartbeat" in line.lower()),

@@ -2,7 +2,8 @@
 
 Each test module owns its own fixtures; shared, slow graphs are built once per module
 (`scope="module"`).  The README's command runs the modules on two processes
-(`-n 2 --dist loadfile`: a module's tests stay together, so its fixtures are built once).  TensorFlow processes started by tests are small: a few steps, tiny batches.
+(`-n 2 --dist loadfile`: a module's tests stay together, so its fixtures are built once).
+TensorFlow processes started by tests are small: a few steps, tiny batches.
 """
 import os
 import subprocess
