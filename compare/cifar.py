@@ -338,7 +338,9 @@ def set_modern_state(modern, state):
     pairs.append((modern.optimizer.iterations, np.int64(state["step"])))
     for target, value in pairs:
         variable = target.value if isinstance(target, keras.Variable) else target  # the tf.Variable
-        for copy in getattr(variable, "values", None) or (variable,):
+        copies = getattr(variable, "values", None) or (variable,)
+        value = tf.constant(value) if len(copies) > 1 else value  # one host copy for all replicas
+        for copy in copies:
             with tf.device(copy.device):
                 copy.assign(value)
 
@@ -390,8 +392,9 @@ def one_minus(beta):
 
 def gradients_from_slots(before, after, beta_1):
     """The gradient an Adam step applied:  m_after = m_before + (g - m_before) * (1 - beta1)."""
-    return {n: before[n][0].astype(np.float64) + (after[n][0].astype(np.float64) - before[n][0]) / one_minus(beta_1)
-            for n in after}
+    def gradient(n):
+        return before[n][0].astype(np.float64) + (after[n][0].astype(np.float64) - before[n][0]) / one_minus(beta_1)
+    return dict(zip(after, common.parallel_map(gradient, list(after))))
 
 
 def modern_gradients(h, x, y):
@@ -430,7 +433,7 @@ def grad_errors(legacy, modern, names=None):
     """Per-variable errors, each relative to max(its own norm, its even share of the total norm)."""
     names = sorted(names or legacy)
     floors = share_floors({n: modern[n] for n in names})
-    return [tensor_error(n, legacy[n], modern[n], floors[n]) for n in names]
+    return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n]), names)
 
 
 def check_config(h):
@@ -666,11 +669,43 @@ def free_biases(legacy):
     return {n for n in legacy.trainable if n.startswith("resnet_v2_50/") and n.endswith("/biases")}
 
 
-def adam_prediction(w, m, v, lr, beta1_power, beta2_power, epsilon):
-    """TF1's ApplyAdam (and Keras' Adam) update, in float64, from the slots AFTER the step:
+def adam_update(m, v, lr, beta1_power, beta2_power, epsilon):
+    """TF1's ApplyAdam (and Keras' Adam) step of the weights, in float64, from the slots AFTER it:
         lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t);   w <- w - lr_t * m / (sqrt(v) + epsilon)"""
     lr_t = lr * np.sqrt(1 - beta2_power) / (1 - beta1_power)
-    return w.astype(np.float64) - lr_t * m.astype(np.float64) / (np.sqrt(v.astype(np.float64)) + epsilon)
+    denominator = np.sqrt(v, dtype=np.float64)
+    denominator += epsilon
+    update = np.multiply(m, -lr_t, dtype=np.float64)
+    update /= denominator
+    return update
+
+
+def adam_errors(label, before, after, n, eps, beta_1, beta_2):
+    """[update error, v error] of variable `n` against the Adam formula on one side's own slots.
+
+    before: the state the step started from; after: that side's (new weights, new slots,
+    gradients read out of m, learning rate, beta powers)."""
+    w_after, slots, grads, lr, powers = after
+    w0, g, m0, v0 = before["weights"][n], grads[n], before["slots"][n][0], before["slots"][n][1]
+    m1, v1 = slots[n]
+    pred_update = adam_update(m1, v1, lr, powers[0], powers[1], eps)
+    pred_v = np.square(g)
+    pred_v -= v0
+    pred_v *= one_minus(beta_2)
+    pred_v += v0
+    # g is read back from m in float32: (m_after - m_before) / (1 - beta1) carries the two slots'
+    # ulps times 10.  The floors are norms of ulps: float32 is precise enough for them.
+    dg = np.spacing(np.abs(m1, dtype=np.float32))
+    dg += np.spacing(np.abs(m0, dtype=np.float32))
+    dg *= np.float32(2 * one_minus(beta_2) / one_minus(beta_1))
+    dg *= np.abs(g, dtype=np.float32)
+    v_floor = np.linalg.norm(dg) + 4 * np.linalg.norm(np.spacing(np.abs(pred_v, dtype=np.float32)))
+    # Stored in float32: the new weight to within an ulp of w, the update's own float32 arithmetic
+    # to a few ulps of itself; the update is the yardstick.
+    floor = np.linalg.norm(np.spacing(np.abs(w0, dtype=np.float32))) + 8 * EPS32 * np.linalg.norm(pred_update)
+    update = np.subtract(w_after[n], w0, dtype=np.float64)
+    return [tensor_error(f"{label} update", update, pred_update, floor / TOLERANCES["adam"][0]),
+            tensor_error(f"{label} v", v1, pred_v, v_floor / TOLERANCES["adam"][0])]
 
 
 def check_training_steps(h, xs, ys, steps_at):
@@ -683,7 +718,7 @@ def check_training_steps(h, xs, ys, steps_at):
       lr:    the legacy `learning_rate` against the rate the modern step reports using;
       loss;  gradients: both read out of the Adam slots, legacy against modern;
       Adam:  each side's new weights and v against the Adam formula on its own slots
-             (`adam_prediction`; epsilon 1e-8, the beta powers each side uses);
+             (`adam_update`; epsilon 1e-8, the beta powers each side uses);
       counters: global_step and iterations both advanced by one; beta powers.
     Legacy and modern updates are not compared directly: Adam divides each element's gradient by
     its own size, so where a true gradient is ~0 (the free conv biases) or merely tiny, a
@@ -718,28 +753,16 @@ def check_training_steps(h, xs, ys, steps_at):
         grad_err += [dataclasses.replace(e, name=f"step {step}: {e.name} gradient") for e in grad_errors(g_l, g_m)]
         powers_l = [float(p) for p in state["powers"]]
         t = int(modern.optimizer.iterations.numpy())
-        for side, w_after, slots, powers in (
-                ("legacy", after_l["weights"], after_l["slots"], powers_l),
-                ("modern", after_m, slots_m, [float(np.float32(beta_1) ** np.float32(t)),
-                                              float(np.float32(beta_2) ** np.float32(t))])):
-            lr = float(lr_l) if side == "legacy" else float(metrics["learning_rate"])  # each its own rate
-            for n in names:
-                w0 = state["weights"][n]
-                pred_w = adam_prediction(w0, slots[n][0], slots[n][1], lr, powers[0], powers[1], eps)
-                g = (g_l if side == "legacy" else g_m)[n]
-                pred_v = state["slots"][n][1] + (np.square(g) - state["slots"][n][1]) * one_minus(beta_2)
-                # g is read back from m in float32: (m_after - m_before) / (1 - beta1) carries the
-                # two slots' ulps times 10.
-                dg = (np.spacing(np.abs(slots[n][0])) + np.spacing(np.abs(state["slots"][n][0]))) / one_minus(beta_1)
-                v_floor = (np.linalg.norm(2 * np.abs(g) * dg * one_minus(beta_2))
-                           + 4 * np.linalg.norm(np.spacing(np.abs(pred_v).astype(np.float32))))
-                # Stored in float32: the new weight to within an ulp of w, the update's own float32
-                # arithmetic to a few ulps of itself; the update is the yardstick.
-                floor = np.linalg.norm(np.spacing(np.abs(w0).astype(np.float32))) + 8 * EPS32 * np.linalg.norm(pred_w - w0)
-                adam_err.append(tensor_error(f"{side} step {step}: {n} update", w_after[n] - w0, pred_w - w0,
-                                             floor / TOLERANCES["adam"][0]))
-                adam_err.append(tensor_error(f"{side} step {step}: {n} v", slots[n][1], pred_v,
-                                             v_floor / TOLERANCES["adam"][0]))
+        sides = (("legacy", after_l["weights"], after_l["slots"], g_l, float(lr_l), powers_l),
+                 ("modern", after_m, slots_m, g_m, float(metrics["learning_rate"]),  # each its own rate
+                  [float(np.float32(beta_1) ** np.float32(t)), float(np.float32(beta_2) ** np.float32(t))]))
+
+        def check_adam(job, step=step, state=state):
+            (side, *after), n = job
+            return adam_errors(f"{side} step {step}: {n}", state, after, n, eps, beta_1, beta_2)
+
+        for errors in common.parallel_map(check_adam, [(side, n) for side in sides for n in names]):
+            adam_err += errors
         count_err += [tensor_error(f"step {step}: legacy global_step", after_l["step"], step + 1),
                       tensor_error(f"step {step}: modern iterations", t, step + 1),
                       tensor_error(f"step {step}: legacy beta powers", np.array(after_l["powers"], np.float64),
