@@ -15,7 +15,8 @@ Real MNIST: `python -m records.mnist --images train-images-idx3-ubyte.gz
 --labels train-labels-idx1-ubyte.gz --out data/mnist/train.tfrecords`, then pass `--data_path`.
 
 Defaults are the original's constants (BATCH_SIZE 100, LEARNING_RATE_BASE 0.001, ...), one flag
-each.  Without enough GPUs each tower runs on its own virtual CPU device (see `legacy/towers.py`).
+each.  With fewer GPUs than towers, towers share the GPUs (round robin); without any, each tower
+runs on its own virtual CPU device (see `legacy/towers.py`).
 
 Where the port differs, and why (each also commented in place):
 - The original's quirk is kept: `get_input()` is called once, so every tower trains on the *same*

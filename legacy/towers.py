@@ -1,19 +1,24 @@
 """Tower placement and gradient averaging for the legacy (TF1 graph) trainers.
 
-The originals place tower i on `/gpu:i`.  On a machine with fewer GPUs than towers, each tower
-gets its own *virtual CPU device* instead: a TF1 session created with
-`ConfigProto(device_count={'CPU': n})` exposes `/cpu:0` ... `/cpu:n-1`, which the placer and
-the executor treat as separate devices, so the graph has the same structure (and the same
-cross-device copies) as on n GPUs.
+The originals place tower i on `/gpu:i`.  Where the port must go further:
+- fewer GPUs than towers (one GPU, two towers): tower i goes on `/gpu:{i % G}`, so the G GPUs take
+  turns and several towers share one.  A TF1 graph may put any number of ops on one device; the
+  towers' variables are shared and stay where they are, and the averaging is the same.
+- no GPU at all: each tower gets its own *virtual CPU device*: a TF1 session created with
+  `ConfigProto(device_count={'CPU': n})` exposes `/cpu:0` ... `/cpu:n-1`, which the placer and
+  the executor treat as separate devices, so the graph has the same structure (and the same
+  cross-device copies) as on n GPUs.
 """
 import tensorflow.compat.v1 as tf
 
 
 def tower_devices(num_towers):
-    """Device strings for the towers: `/gpu:i` when enough GPUs exist, else `/cpu:i`."""
+    """Device strings for the towers: `/gpu:i` with enough GPUs, `/gpu:{i % G}` with G fewer
+    (round robin: 2 towers on 1 GPU are `/gpu:0, /gpu:0`), `/cpu:i` without any."""
     gpus = tf.config.list_physical_devices("GPU")
-    kind = "gpu" if len(gpus) >= num_towers else "cpu"
-    return [f"/{kind}:{i}" for i in range(num_towers)]
+    if gpus:
+        return [f"/gpu:{i % len(gpus)}" for i in range(num_towers)]
+    return [f"/cpu:{i}" for i in range(num_towers)]
 
 
 def session_config(num_towers, log_device_placement=False):
@@ -30,7 +35,13 @@ def session_config(num_towers, log_device_placement=False):
 def placement_message(devices):
     """One log line saying where the towers are."""
     if devices and devices[0].startswith("/gpu"):
-        return f"towers placed on {len(devices)} GPUs: {', '.join(devices)}"
+        gpus = sorted(set(devices))
+        if len(gpus) == len(devices):
+            return f"towers placed on {len(devices)} GPUs: {', '.join(devices)}"
+        fewest, most = min(map(devices.count, gpus)), max(map(devices.count, gpus))
+        per_gpu = f"{most}" if fewest == most else f"{fewest}-{most}"     # 3 towers on 2 GPUs: 1-2
+        return (f"{len(devices)} towers on {len(gpus)} GPU{'s' if len(gpus) > 1 else ''} "
+                f"({per_gpu} per GPU): {', '.join(devices)}")
     return (f"no GPUs for {len(devices)} towers: each tower runs on its own virtual CPU device "
             f"({', '.join(devices)})")
 

@@ -1,17 +1,21 @@
 """Run-time set-up shared by the modern trainers: replica devices, determinism, the model folder.
 
-Replica devices: GPUs when there are enough, else virtual CPU devices.
+Replica devices: GPUs when there are enough, logical GPUs when there are fewer, virtual CPU
+devices when there are none.
 
-The legacy programs put tower i on `/gpu:i`, or on the i-th virtual CPU device of a TF1 session
-(`legacy/towers.py`).  The modern programs do the same with `tf.distribute.MirroredStrategy`:
+The legacy programs put tower i on `/gpu:i`, several towers on one GPU when there are fewer GPUs,
+or tower i on the i-th virtual CPU device of a TF1 session (`legacy/towers.py`).  The modern
+programs do the same with `tf.distribute.MirroredStrategy`:
 
     devices = configure_devices(2)      # before TensorFlow's runtime starts
     strategy = make_strategy(2)         # MirroredStrategy over those devices, logs where they are
 
-Splitting the CPU into N logical devices (`tf.config.set_logical_device_configuration`) is only
-possible before the runtime initialises (the first op, tensor or `list_logical_devices` call), so
-call `configure_devices` first thing.  MirroredStrategy with no argument would only see GPUs (or
-the single `/cpu:0`), so the virtual CPUs are named explicitly.
+A MirroredStrategy needs distinct devices, one per replica, so where TF1 put two towers on
+`/gpu:0`, the modern side splits the GPU (or, without one, the CPU) into logical devices
+(`tf.config.set_logical_device_configuration`).  That is only possible before the runtime
+initialises (the first op, tensor or `list_logical_devices` call), so call `configure_devices`
+first thing.  MirroredStrategy with no argument would only see GPUs (or the single `/cpu:0`), so
+the devices are named explicitly.
 """
 import os
 import sys
@@ -29,19 +33,51 @@ class DeviceSetupError(UsageError):
     """The replica devices cannot be arranged as asked."""
 
 
+# A logical GPU must be given a memory limit (TF 2.21 raises "Setting memory limit is required for
+# GPU virtual devices" otherwise), and no public API tells a GPU's memory before the runtime starts
+# (`tf.config.experimental.get_device_details` gives only its name and compute capability).  So the
+# limit is a setting: MB per logical GPU, used only when replicas share a GPU.  4096 MB is a guess,
+# not a measurement (no GPU ran this code): with k replicas per GPU, keep k times the limit below
+# the GPU's memory, leaving room for CUDA's own context.
+GPU_MEMORY_VARIABLE = "REPLICA_GPU_MEMORY_MB"
+DEFAULT_GPU_MEMORY_MB = 4096
+
+
+def gpu_memory_per_replica_mb():
+    """The memory limit of each logical GPU: $REPLICA_GPU_MEMORY_MB, default 4096 (MB)."""
+    value = os.environ.get(GPU_MEMORY_VARIABLE, str(DEFAULT_GPU_MEMORY_MB))
+    if not value.isdigit() or int(value) < 1:
+        raise DeviceSetupError(f"{GPU_MEMORY_VARIABLE} must be a whole number of MB, at least 1; "
+                               f"got {value!r}.")
+    return int(value)
+
+
 def configure_devices(num_replicas):
     """Make `num_replicas` devices available and return their names.
 
-    GPUs are used when there are at least `num_replicas` of them.  Otherwise the physical CPU is split
-    into `num_replicas` logical CPU devices (`/cpu:0` ... `/cpu:N-1`).  If TensorFlow's runtime has
-    already started with fewer logical CPUs than asked, that cannot be changed any more: raise
-    DeviceSetupError.  A runtime that already has at least `num_replicas` logical CPUs is reused
+    GPUs are used when there are at least `num_replicas` of them.  With G fewer (but some), each GPU
+    is split into logical GPUs, as many as the legacy round robin puts towers on it (N // G, one more
+    on the first N % G GPUs; two replicas on one GPU: two logical GPUs), each limited to
+    `gpu_memory_per_replica_mb()` MB.  TF numbers logical GPUs GPU by GPU, so the replicas get
+    `/gpu:0` ... `/gpu:N-1`, the first ones on GPU 0.  Without GPUs the physical CPU is split into
+    `num_replicas` logical CPU devices (`/cpu:0` ... `/cpu:N-1`).  If TensorFlow's runtime has
+    already started with fewer logical devices than asked, that cannot be changed any more: raise
+    DeviceSetupError.  A runtime that already has at least `num_replicas` logical devices is reused
     (the first `num_replicas` of them), so a test process can build strategies of several sizes.
     """
     if num_replicas < 1:
         raise DeviceSetupError(f"--num_replicas must be at least 1, got {num_replicas}.")
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
+        return [f"/gpu:{i}" for i in range(num_replicas)]
+    if gpus:
+        logical_gpu = tf.config.LogicalDeviceConfiguration(memory_limit=gpu_memory_per_replica_mb())
+        try:
+            for j, gpu in enumerate(gpus):
+                shares = num_replicas // len(gpus) + (j < num_replicas % len(gpus))
+                tf.config.set_logical_device_configuration(gpu, [logical_gpu] * shares)
+        except RuntimeError as e:  # "Virtual devices cannot be modified after being initialized"
+            _check_started_with_enough("GPU", num_replicas, e)
         return [f"/gpu:{i}" for i in range(num_replicas)]
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
@@ -50,20 +86,31 @@ def configure_devices(num_replicas):
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_replicas)])
         except RuntimeError as e:  # "Virtual devices cannot be modified after being initialized"
-            have = len(tf.config.list_logical_devices("CPU"))
-            if have < num_replicas:
-                raise DeviceSetupError(
-                    f"{num_replicas} replicas need {num_replicas} logical CPU devices, but TensorFlow's "
-                    f"runtime has already started with {have}; logical devices can only be configured "
-                    f"before the first TensorFlow op runs. Call configure_devices({num_replicas}) "
-                    f"first thing in the process (TensorFlow says: {e}).") from None
+            _check_started_with_enough("CPU", num_replicas, e)
     return [f"/cpu:{i}" for i in range(num_replicas)]
+
+
+def _check_started_with_enough(kind, num_replicas, error):
+    """After a refused split: fine if the started runtime has enough logical `kind` devices, else
+    DeviceSetupError."""
+    have = len(tf.config.list_logical_devices(kind))
+    if have < num_replicas:
+        raise DeviceSetupError(
+            f"{num_replicas} replicas need {num_replicas} logical {kind} devices, but TensorFlow's "
+            f"runtime has already started with {have}; logical devices can only be configured "
+            f"before the first TensorFlow op runs. Call configure_devices({num_replicas}) "
+            f"first thing in the process (TensorFlow says: {error}).") from None
 
 
 def placement_message(devices):
     """One log line saying where the replicas are (the modern twin of the legacy tower line)."""
     if devices and devices[0].startswith("/gpu"):
-        return f"replicas placed on {len(devices)} GPUs: {', '.join(devices)}"
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        if gpus >= len(devices):
+            return f"replicas placed on {len(devices)} GPUs: {', '.join(devices)}"
+        return (f"{len(devices)} replicas on {gpus} GPU{'s' if gpus > 1 else ''} split into {len(devices)} "
+                f"logical GPUs: {', '.join(devices)} ({gpu_memory_per_replica_mb()} MB each, "
+                f"${GPU_MEMORY_VARIABLE})")
     return (f"no GPUs for {len(devices)} replicas: each replica runs on its own virtual CPU device "
             f"({', '.join(devices)})")
 
@@ -84,12 +131,18 @@ def cross_device_ops(devices, reduction="auto"):
     a copy back to each: on virtual CPU devices, which share one memory and two cores, it skips the
     packing and the collective's rendezvous (profile: ~65 ms of ConcatV2/SplitV per step at batch
     64), and for two replicas the sum a + b is the same float32 number either way.
-    "auto": "one_device" on virtual CPU devices, the strategy's default (NCCL) on GPUs.
+    "auto": "one_device" on virtual CPU devices and on logical GPUs that share a physical GPU, the
+    strategy's default (NCCL) on whole GPUs.  NCCL cannot reduce between two logical devices of
+    one GPU (NCCL 2.5+ refuses two ranks on one device: "Duplicate GPU detected"), and TF's own
+    choice, `select_cross_device_ops`, already falls back to `ReductionToOneDevice` whenever
+    logical and physical GPUs differ in number (with a warning; so "collective" does too there).
+    Naming it here says so and skips the warning.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     on_cpu = not devices[0].startswith("/gpu")
-    if reduction == "one_device" or (reduction == "auto" and on_cpu):
+    shared_gpu = not on_cpu and len(tf.config.list_physical_devices("GPU")) < len(devices)
+    if reduction == "one_device" or (reduction == "auto" and (on_cpu or shared_gpu)):
         return tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])
     return None
 
