@@ -50,7 +50,8 @@ if __package__ in (None, ""):  # run as `python legacy/cifar_resnet.py`: make `l
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The original pinned os.environ["CUDA_VISIBLE_DEVICES"] = "0, 1"; the port leaves the GPUs to the user
-# and places towers with towers.tower_devices (GPUs if enough, else virtual CPU devices).
+# and places towers with towers.tower_devices (GPUs, shared round robin when fewer than towers;
+# virtual CPU devices without any).
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num_towers", "--num_gpus", type=int, default=num_gpus,
-                   help="towers (one per GPU; virtual CPU devices when there are too few GPUs)")
+                   help="towers (one per GPU; shared when there are fewer GPUs, virtual CPU devices without any)")
     p.add_argument("--batch_size", type=int, default=None,
                    help=f"rows fed per step, split across towers (original {batch_size}; embedded "
                         f"profile {EMBEDDED_PROFILE['batch_size']})")
@@ -211,23 +212,8 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     g = types.SimpleNamespace(num_towers=num_towers, split=split, static_batch_size=static_batch_size,
                               devices=devices, tower_logits=[], tower_losses=[], pre_dropout=[],
                               dropout_noise=[])
-    """
-    ""placeholder
-    """
-    inputs = tf.placeholder(tf.float32, [None, image_size, image_size, 3], name="inputs")
-    labels = tf.placeholder(tf.int32, [None, num_classes], name="labels")
-    keep_prob = tf.placeholder(tf.float32, name="keep_prob")
-    is_training = tf.placeholder(tf.bool, name="is_training")
-    if split == "static":
-        # The seed's bug: the per-tower size is a constant (batch_size / 2), wrong on the short last batch.
-        current_batch_size = tf.constant(static_batch_size, tf.int32, name="current_batch_size")
-    else:
-        current_batch_size = tf.placeholder(tf.int32, name="current_batch_size")
-    if split == "weighted":
-        # Port: --split=weighted.  Tower i gets rows [start_i, start_i + size_i) and weight size_i / rows.
-        g.tower_starts = tf.placeholder(tf.int32, [num_towers], name="tower_starts")
-        g.tower_sizes = tf.placeholder(tf.int32, [num_towers], name="tower_sizes")
-        g.tower_weights = tf.placeholder(tf.float32, [num_towers], name="tower_weights")
+    inputs, labels, keep_prob, is_training, current_batch_size = placeholders(
+        g, split, static_batch_size, num_towers, image_size, num_classes)
     """
     ""Learning rate
     """
@@ -287,9 +273,40 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     tf.summary.scalar("accuracy", accuracy)
     tf.summary.scalar("loss", loss)  # Quirk kept: `loss` is the LAST tower's loss
     summary_op = tf.summary.merge_all()
-    """
-    " Restore resnet50 (the variable list; the Saver is made by the caller)
-    """
+    variables_to_restore, exclusions = restore_list()
+    g.__dict__.update(
+        inputs=inputs, labels=labels, keep_prob=keep_prob, is_training=is_training,
+        current_batch_size=current_batch_size, global_step=global_step, learning_rate=learning_rate,
+        optimizer=optimizer, tower_grads=tower_grads, grads=grads, update_ops=update_ops,
+        train_step=train_step, loss=loss, accuracy=accuracy, summary_op=summary_op,
+        variables_to_restore=variables_to_restore, exclusions=exclusions)
+    return g
+
+
+def placeholders(g, split, static_batch_size, num_towers, image_size, num_classes):
+    """The original's placeholders (inputs, labels, keep_prob, is_training, current_batch_size),
+    with --split's variations: 'static' makes current_batch_size a constant, 'weighted' adds
+    g.tower_starts, g.tower_sizes, g.tower_weights."""
+    inputs = tf.placeholder(tf.float32, [None, image_size, image_size, 3], name="inputs")
+    labels = tf.placeholder(tf.int32, [None, num_classes], name="labels")
+    keep_prob = tf.placeholder(tf.float32, name="keep_prob")
+    is_training = tf.placeholder(tf.bool, name="is_training")
+    if split == "static":
+        # The seed's bug: the per-tower size is a constant (batch_size / 2), wrong on the short last batch.
+        current_batch_size = tf.constant(static_batch_size, tf.int32, name="current_batch_size")
+    else:
+        current_batch_size = tf.placeholder(tf.int32, name="current_batch_size")
+    if split == "weighted":
+        # Port: --split=weighted.  Tower i gets rows [start_i, start_i + size_i) and weight size_i / rows.
+        g.tower_starts = tf.placeholder(tf.int32, [num_towers], name="tower_starts")
+        g.tower_sizes = tf.placeholder(tf.int32, [num_towers], name="tower_sizes")
+        g.tower_weights = tf.placeholder(tf.float32, [num_towers], name="tower_weights")
+    return inputs, labels, keep_prob, is_training, current_batch_size
+
+
+def restore_list():
+    """ Restore resnet50: the model variables outside checkpoint_exclude_scopes, and those scopes
+    (the Saver is made by the caller)."""
     exclusions = None
     if checkpoint_exclude_scopes:
         exclusions = [
@@ -302,14 +319,7 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
                 excluded = True
         if not excluded:
             variables_to_restore.append(var)
-
-    g.__dict__.update(
-        inputs=inputs, labels=labels, keep_prob=keep_prob, is_training=is_training,
-        current_batch_size=current_batch_size, global_step=global_step, learning_rate=learning_rate,
-        optimizer=optimizer, tower_grads=tower_grads, grads=grads, update_ops=update_ops,
-        train_step=train_step, loss=loss, accuracy=accuracy, summary_op=summary_op,
-        variables_to_restore=variables_to_restore, exclusions=exclusions)
-    return g
+    return variables_to_restore, exclusions
 
 
 def tower_loss(g, inputs, labels, is_training, keep_prob, num_classes=num_classes):
@@ -559,7 +569,9 @@ def session_config(num_towers, grappler="auto", devices=None):
     return config
 
 
-def train(args):
+def check_inputs(args):
+    """What can be refused before the graph is built: the data files (counted), the step count
+    and the output folders.  Returns (train files, valid files, total steps)."""
     train_tfrecords, test_tfrecords = resolve_data(args)
     counts = cifar10.check_tfrecord_files(train_tfrecords + test_tfrecords)
     num_train = sum(counts[:len(train_tfrecords)])
@@ -571,13 +583,39 @@ def train(args):
     if args.split == "static" and args.batch_size < args.num_towers:
         raise UsageError(f"--split=static with batch_size {args.batch_size} < {args.num_towers} towers: the "
                            f"constant per-tower size batch_size // towers would be 0")
-    models_path = os.path.join(args.model_dir, "train-model.ckpt")  # saver path
     logs_train_dir = os.path.join(args.log_dir, "train")
     logs_valid_dir = os.path.join(args.log_dir, "valid")
     check_writable(args.model_dir, "--model_dir")
     for dir_name in [args.log_dir, logs_train_dir, logs_valid_dir]:
         check_writable(dir_name, "--log_dir")
+    return train_tfrecords, test_tfrecords, total_steps
 
+
+def validate_and_keep_best(sess, g, saver, models_path, valid, step, split, best):
+    """The original's validation block: the whole validation set, its three lines, and the model
+    saved when it beats the best so far.  valid: (val_iterator, images, labels, writer);
+    best: (accuracy, step, path), returned updated."""
+    avg_acc, avg_loss = validate(sess, g, *valid, step, split)
+    print('------------------------------------------------------')
+    print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
+    print('------------------------------------------------------')
+    """
+    " Save the best model
+    """
+    if avg_acc > best[0]:
+        best = (avg_acc, step, saver.save(sess=sess, save_path=models_path, global_step=step))
+        print("Model saved successfully")  # 模型保存成功
+        print("Save the best model with val_acc %0.4f" % avg_acc)
+    else:
+        print("Val_acc stay with val_acc %0.4f" % best[0], flush=True)
+    return best
+
+
+def train(args):
+    train_tfrecords, test_tfrecords, total_steps = check_inputs(args)
+    models_path = os.path.join(args.model_dir, "train-model.ckpt")  # saver path
+    logs_train_dir = os.path.join(args.log_dir, "train")
+    logs_valid_dir = os.path.join(args.log_dir, "valid")
     with tf.Graph().as_default():
         iterator, image_batch, label_batch, val_iterator, val_image_batch, val_label_batch = make_datasets(
             train_tfrecords, test_tfrecords, args.batch_size, args.valid_batch_size, args.shuffle_buffer,
@@ -606,8 +644,8 @@ def train(args):
             # initialise the training iterator
             sess.run(iterator.initializer)
             step = 0
-            best_acc = 0.0
-            best_step, best_path, saved_path = None, None, None
+            best_acc, best_step, best_path = 0.0, None, None
+            valid = (val_iterator, val_image_batch, val_label_batch, valid_writer)
             dropped_total = trained_rows = interval_rows = skipped_rows = 0
             train_time = interval_time = 0.0
             start_time = time.time()
@@ -646,22 +684,8 @@ def train(args):
                     train_writer.add_summary(summary_str, step)
                     interval_rows, interval_time = 0, 0.0
                 if step % args.valid_every == 0:  # validation accuracy
-                    avg_acc, avg_loss = validate(sess, g, val_iterator, val_image_batch, val_label_batch,
-                                                 valid_writer, step, args.split)
-                    print('------------------------------------------------------')
-                    print('Valid-----> ,Valid_Acc: {:.4f}, Valid_Loss: {:.7f}'.format(avg_acc, avg_loss))
-                    print('------------------------------------------------------')
-                    """
-                    " Save the best model
-                    """
-                    if avg_acc > best_acc:
-                        best_acc = avg_acc
-                        best_step = step
-                        best_path = saver.save(sess=sess, save_path=models_path, global_step=step)
-                        print("Model saved successfully")  # 模型保存成功
-                        print("Save the best model with val_acc %0.4f" % best_acc)
-                    else:
-                        print("Val_acc stay with val_acc %0.4f" % best_acc, flush=True)
+                    best_acc, best_step, best_path = validate_and_keep_best(
+                        sess, g, saver, models_path, valid, step, args.split, (best_acc, best_step, best_path))
             train_writer.close()
             valid_writer.close()
             # Port: saved under the number of steps run (the original's counter was one ahead here).
