@@ -897,106 +897,130 @@ def check_free_biases(h, x, y):
 def check_splits(h, x, y):
     """Batch splits, with each prediction from the split arithmetic (b = rows per tower, N towers):
     short last batch; uneven rows (the legacy fix drops odd % N of them, --split=weighted and the
-    modern program none); fewer rows than towers; the seed's static bug.  Dropout masks belong to
-    rows: the legacy towers get the masks the modern step drew for the same rows."""
-    n, b = h.cfg.towers, h.cfg.rows_per_tower
-    legacy, tol = h.legacy, TOLERANCES["resnet"][0]
-    free = free_biases(legacy)
-    results = []
-    set_legacy_state(legacy, start_state(h))
-
-    def errors_of(loss_l, grads_l, loss_m, grads_m):
-        return [tensor_error("loss", loss_l, loss_m)] + grad_errors(grads_l, grads_m)
-
-    # The short last batch of an epoch, still a multiple of the towers.
-    short = n * (b - 1)
-    loss_m, grads_m, masks, rows = modern_gradients(h, x[:short], y[:short])
-    loss_l, grads_l, dropped = legacy_gradients(legacy, x[:short], y[:short], row_masks(masks))
-    results.append(judge("split: short last batch", MODEL, errors_of(loss_l, grads_l, loss_m, grads_m), "resnet",
-                         note=f"{short} rows: modern rows {rows}, legacy current_batch_size {short // n}"))
-    if n == 1:
+    modern program none); fewer rows than towers; a replica the strategy would leave empty (N >= 3);
+    the seed's static bug.  Dropout masks belong to rows: the legacy towers get the masks the modern
+    step drew for the same rows."""
+    set_legacy_state(h.legacy, start_state(h))
+    results = check_short_batch(h, x, y)
+    if h.cfg.towers == 1:
         return results
+    uneven, rows_as_predicted = check_uneven_batch(h, x, y)
+    results += uneven
+    if not rows_as_predicted:
+        return results  # a row lost or moved by the modern input path: nothing below can be fed
+    results.append(check_fewer_rows(h, x, y))
+    if h.cfg.towers >= 3:
+        results.append(check_empty_replica(h, x, y))
+    results.append(check_static_bug(h, x, y))
+    return results
 
-    # Uneven rows: the modern program and legacy --split=weighted use all of them ...
-    odd = n * b - 1
+
+def split_errors(loss_l, grads_l, loss_m, grads_m):
+    return [tensor_error("loss", loss_l, loss_m)] + grad_errors(grads_l, grads_m)
+
+
+def finite_step(loss, grads):
+    return bool(np.isfinite(loss)) and all(np.all(np.isfinite(g)) for g in grads.values())
+
+
+def check_short_batch(h, x, y):
+    """The short last batch of an epoch, still a multiple of the towers: N (b - 1) rows."""
+    n = h.cfg.towers
+    short = n * (h.cfg.rows_per_tower - 1)
+    loss_m, grads_m, masks, rows = modern_gradients(h, x[:short], y[:short])
+    loss_l, grads_l, _ = legacy_gradients(h.legacy, x[:short], y[:short], row_masks(masks))
+    return [judge("split: short last batch", MODEL, split_errors(loss_l, grads_l, loss_m, grads_m), "resnet",
+                  note=f"{short} rows: modern rows {rows}, legacy current_batch_size {short // n}")]
+
+
+def check_uneven_batch(h, x, y):
+    """N b - 1 rows: the modern program and legacy --split=weighted use all of them; the legacy fix
+    drops the last odd % N, equals the modern program on the rows it keeps, and differs from the
+    modern program on all of them (same per-row masks).  Returns (results, whether the modern
+    input path cut the rows as predicted)."""
+    n, legacy, tol = h.cfg.towers, h.legacy, TOLERANCES["resnet"][0]
+    odd = n * h.cfg.rows_per_tower - 1
     kept = (odd // n) * n
+    results = []
     loss_m, grads_all, masks, rows_all = modern_gradients(h, x[:odd], y[:odd])
     predicted = replica_rows(odd, n)
-    if list(rows_all) != predicted:  # a row lost or moved by the input path: nothing below can be fed
-        results.append(judge("split: remainder dropped", MODEL, [], "exact", expected=True, ok=False,
-                             note=f"{odd} rows: the modern input path cut them into {list(rows_all)}, predicted "
-                                  f"{predicted} (ceil(rows / N) in order, every row kept)"))
-        return results
+    if list(rows_all) != predicted:
+        return [judge("split: remainder dropped", MODEL, [], "exact", expected=True, ok=False,
+                      note=f"{odd} rows: the modern input path cut them into {list(rows_all)}, predicted "
+                           f"{predicted} (ceil(rows / N) in order, every row kept)")], False
     if h.cfg.weighted:
-        gw = weighted_graph(h)
-        loss_w, grads_w, dropped_w = legacy_gradients(gw, x[:odd], y[:odd], row_masks(masks))
-        results.append(judge("split: --split=weighted (uneven)", MODEL, errors_of(loss_w, grads_w, loss_m, grads_all),
+        loss_w, grads_w, dropped_w = legacy_gradients(weighted_graph(h), x[:odd], y[:odd], row_masks(masks))
+        results.append(judge("split: --split=weighted (uneven)", MODEL, split_errors(loss_w, grads_w, loss_m, grads_all),
                              "resnet", note=f"{odd} rows: modern rows {rows_all}, legacy weighted towers, "
                                             f"dropped {dropped_w}"))
-    # ... the legacy fix drops the last odd % N: it equals the modern program on the rows it keeps,
-    # and differs from the modern program on all of them (same per-row masks).
+    free = free_biases(legacy)
     _, grads_fix_all, _ = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks)[:kept])
     gap = max(tensor_error(k, grads_fix_all[k], grads_all[k]).rel_l2 for k in grads_all if k not in free)
-    loss_m, grads_m, masks, rows = modern_gradients(h, x[:kept], y[:kept])
+    loss_m, grads_m, masks, _ = modern_gradients(h, x[:kept], y[:kept])
     loss_l, grads_l, dropped = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks))
-    errors = errors_of(loss_l, grads_l, loss_m, grads_m)
+    errors = split_errors(loss_l, grads_l, loss_m, grads_m)
     results.append(judge("split: remainder dropped", MODEL, errors, "resnet", expected=True,
                          ok=(dropped == odd - kept and gap > 10 * tol and all(e.rel_l2 <= tol for e in errors)),
                          note=f"{odd} rows: legacy fix drops {dropped} (predicted odd % N = {odd - kept}) and equals "
                               f"the modern step on its first {kept} rows; on all {odd} rows the modern step differs "
                               f"from it by {gap:.2g} (> 10 x tolerance)"))
+    return results, True
 
-    # Fewer rows than towers: every legacy fix tower gets few // N = 0 rows and fails (NaN, or this
-    # CPU build's oneDNN error); the modern program copies the rows to every replica at weight
-    # 1/N, which the legacy weighted graph computes when each tower is fed all rows at weight 1/N.
+
+def check_fewer_rows(h, x, y):
+    """Fewer rows than towers: every legacy fix tower gets few // N = 0 rows and fails (NaN, or this
+    CPU build's oneDNN error); the modern program copies the rows to every replica at weight 1/N,
+    which the legacy weighted graph computes when each tower is fed all rows at weight 1/N."""
+    n, tol = h.cfg.towers, TOLERANCES["resnet"][0]
     few = n - 1
-    outcome = empty_tower_outcome(legacy, x[:few], y[:few])
+    outcome = empty_tower_outcome(h.legacy, x[:few], y[:few])
     loss_m, grads_m, masks, rows = modern_gradients(h, x[:few], y[:few])
-    finite = np.isfinite(loss_m) and all(np.all(np.isfinite(g)) for g in grads_m.values())
     errors = []
     if h.cfg.weighted:
-        copies = ([0] * n, [few] * n, [1.0 / n] * n)
-        loss_w, grads_w, _ = legacy_gradients(gw, x[:few], y[:few], masks, cut=copies)
-        errors = errors_of(loss_w, grads_w, loss_m, grads_m)
-    results.append(judge("split: fewer rows than towers", MODEL, errors, "resnet", expected=True,
-                         ok=outcome["failed"] == list(range(n)) and finite and all(e.rel_l2 <= tol for e in errors),
-                         note=f"{few} rows on {n} towers: legacy fix towers {outcome['failed']} failed "
-                              f"({outcome['how']}), predicted all (rows // N = 0); modern rows {rows}, finite"
-                              + (f", = each legacy tower given all {few} rows at weight 1/{n}" if errors else
-                                 " (--quick: not compared with the weighted graph)")))
+        loss_w, grads_w, _ = legacy_gradients(weighted_graph(h), x[:few], y[:few], masks,
+                                              cut=([0] * n, [few] * n, [1.0 / n] * n))
+        errors = split_errors(loss_w, grads_w, loss_m, grads_m)
+    return judge("split: fewer rows than towers", MODEL, errors, "resnet", expected=True,
+                 ok=outcome["failed"] == list(range(n)) and finite_step(loss_m, grads_m)
+                 and all(e.rel_l2 <= tol for e in errors),
+                 note=f"{few} rows on {n} towers: legacy fix towers {outcome['failed']} failed "
+                      f"({outcome['how']}), predicted all (rows // N = 0); modern rows {rows}, finite"
+                      + (f", = each legacy tower given all {few} rows at weight 1/{n}" if errors else
+                         " (--quick: not compared with the weighted graph)"))
 
-    # At least N rows that the strategy's split would still leave a replica empty (N + 1 rows on
-    # N >= 3 replicas: ceil = 2, 2 (N - 1) >= N + 1): copied like the fewer-rows batch.
-    if n >= 3:
-        more = n + 1
-        try:
-            loss_m, grads_m, masks, rows = modern_gradients(h, x[:more], y[:more])
-        except tf.errors.InvalidArgumentError as error:  # an empty replica: the modern step fails
-            loss_m, grads_m, masks, rows = np.nan, {}, [], f"failed ({str(error).strip().splitlines()[-1][:80]})"
-        finite = np.isfinite(loss_m) and all(np.all(np.isfinite(g)) for g in grads_m.values())
-        errors = []
-        if h.cfg.weighted and finite:
-            loss_w, grads_w, _ = legacy_gradients(weighted_graph(h), x[:more], y[:more], masks,
-                                                  cut=([0] * n, [more] * n, [1.0 / n] * n))
-            errors = errors_of(loss_w, grads_w, loss_m, grads_m)
-        results.append(judge("split: a replica the strategy leaves empty", MODEL, errors, "resnet",
-                             ok=empty_replica(more, n) and rows == [more] * n and finite
-                             and all(e.rel_l2 <= tol for e in errors),
-                             note=f"{more} rows on {n} replicas: the strategy would give "
-                                  f"{[min(-(-more // n), max(0, more - i * -(-more // n))) for i in range(n)]}; "
-                                  f"modern rows {rows} (copied, weight 1/{n}), finite"
-                                  + (", = each legacy weighted tower given all rows at 1/N" if errors else "")))
 
-    # The seed's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty.
-    outcome = empty_tower_outcome(legacy, x[:b], y[:b], split="static")
+def check_empty_replica(h, x, y):
+    """At least N rows that the strategy's split would still leave a replica empty (N + 1 rows on
+    N >= 3 replicas: ceil = 2, 2 (N - 1) >= N + 1): copied like the fewer-rows batch."""
+    n, tol = h.cfg.towers, TOLERANCES["resnet"][0]
+    more = n + 1
+    try:
+        loss_m, grads_m, masks, rows = modern_gradients(h, x[:more], y[:more])
+    except tf.errors.InvalidArgumentError as error:  # an empty replica: the modern step fails
+        loss_m, grads_m, masks, rows = np.nan, {}, [], f"failed ({str(error).strip().splitlines()[-1][:80]})"
+    finite = finite_step(loss_m, grads_m)
+    errors = []
+    if h.cfg.weighted and finite:
+        loss_w, grads_w, _ = legacy_gradients(weighted_graph(h), x[:more], y[:more], masks,
+                                              cut=([0] * n, [more] * n, [1.0 / n] * n))
+        errors = split_errors(loss_w, grads_w, loss_m, grads_m)
+    return judge("split: a replica the strategy leaves empty", MODEL, errors, "resnet",
+                 ok=empty_replica(more, n) and rows == [more] * n and finite and all(e.rel_l2 <= tol for e in errors),
+                 note=f"{more} rows on {n} replicas: the strategy would give {replica_rows(more, n)}; "
+                      f"modern rows {rows} (copied, weight 1/{n}), finite"
+                      + (", = each legacy weighted tower given all rows at 1/N" if errors else ""))
+
+
+def check_static_bug(h, x, y):
+    """The seed's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty."""
+    n, b = h.cfg.towers, h.cfg.rows_per_tower
+    outcome = empty_tower_outcome(h.legacy, x[:b], y[:b], split="static")
     predicted = [i for i in range(n) if i * b >= b]
     loss_m, grads_m, _, rows = modern_gradients(h, x[:b], y[:b])
-    finite = np.isfinite(loss_m) and all(np.all(np.isfinite(g)) for g in grads_m.values())
-    results.append(judge("split: --split=static (seed bug)", MODEL, [], "exact", expected=True,
-                         ok=outcome["failed"] == predicted and finite,
-                         note=f"{b} rows, constant {b} per tower: legacy towers {outcome['failed']} failed "
-                              f"({outcome['how']}), predicted {predicted} (i * {b} >= {b}); modern rows {rows}, finite"))
-    return results
+    return judge("split: --split=static (seed bug)", MODEL, [], "exact", expected=True,
+                 ok=outcome["failed"] == predicted and finite_step(loss_m, grads_m),
+                 note=f"{b} rows, constant {b} per tower: legacy towers {outcome['failed']} failed "
+                      f"({outcome['how']}), predicted {predicted} (i * {b} >= {b}); modern rows {rows}, finite")
 
 
 def empty_tower_outcome(legacy, x, y, split="fix"):
