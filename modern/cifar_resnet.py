@@ -95,7 +95,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num_replicas", type=int, default=num_replicas,
-                   help="replicas (one per GPU; virtual CPU devices when there are too few GPUs)")
+                   help="replicas (one per GPU; logical GPUs when there are fewer GPUs, virtual CPU "
+                        "devices without any)")
     p.add_argument("--batch_size", type=int, default=None,
                    help=f"global batch, split across replicas (original {batch_size}; embedded "
                         f"profile {EMBEDDED_PROFILE['batch_size']})")

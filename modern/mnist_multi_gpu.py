@@ -15,7 +15,8 @@ A second invocation with the same --model_save_path resumes from the latest chec
 Defaults are the original's constants (BATCH_SIZE 100 per replica, LEARNING_RATE_BASE 0.001,
 LEARNING_RATE_DECAY 0.99, REGULARAZTION_RATE 0.0001, TRAINING_STEPS 1000, MOVING_AVERAGE_DECAY 0.99,
 N_GPU 2), one flag each with the legacy program's names (`--num_replicas` for `--num_gpus`).
-Without enough GPUs each replica runs on its own virtual CPU device (`modern/runtime.py`).
+With fewer GPUs than replicas the GPUs are split into logical GPUs; without any, each replica runs on
+its own virtual CPU device (`modern/runtime.py`).
 
 How the legacy graph maps onto this file:
   mnist_inference.inference + l2_regularizer  ->  build_model(): Dense 'layer1', 'layer2', L2(scale/2)
