@@ -4,26 +4,12 @@
     check_writable     make a folder and prove a file can be written there
     run_main           run the program; a UsageError is one line on stderr and exit code 2
 
-The modern programs have the same three in `modern/runtime.py`.
+UsageError and check_writable are `records/usage.py`'s, the modern programs' too; the modern
+`main` wrapper is in `modern/runtime.py`.
 """
-import os
 import sys
-import tempfile
 
-
-class UsageError(Exception):
-    """A one-paragraph problem the user can fix: printed by `run_main`, exit code 2, no traceback."""
-
-
-def check_writable(folder, flag):
-    """Make `folder` and prove a file can be written there, or raise UsageError naming `flag`."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise UsageError(f"the folder {folder} is not writable ({e.strerror or e}); "
-                         f"pass {flag} with a folder you can write to") from None
+from records.usage import UsageError, check_writable  # noqa: F401 (re-exported: the legacy programs import them here)
 
 
 def run_main(program, args, also=()):

@@ -19,14 +19,11 @@ the devices are named explicitly.
 """
 import os
 import sys
-import tempfile
 
 import keras
 import tensorflow as tf
 
-
-class UsageError(Exception):
-    """Bad input to a modern program (data, devices, model folder): one paragraph, exit code 2."""
+from records.usage import UsageError, check_writable  # noqa: F401 (re-exported: the modern programs import them here)
 
 
 class DeviceSetupError(UsageError):
@@ -199,17 +196,6 @@ def seed_program(seed, deterministic):
         enable_determinism(0 if seed is None else seed)
     elif seed is not None:
         keras.utils.set_random_seed(seed)
-
-
-def check_writable(folder, flag):
-    """Make `folder` and prove a file can be written there, or raise UsageError naming `flag`."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise UsageError(f"the folder {folder} is not writable ({e.strerror or e}); "
-                         f"pass {flag} with a folder you can write to") from None
 
 
 # TensorBoard is not a dependency of TF 2.21 (nor of this project), and without it `tf.summary.scalar`
