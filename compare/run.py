@@ -90,19 +90,21 @@ def parse_args(argv=None):
     return args
 
 
-def start_model_process(model, args, report_path):
+def start_model_process(model, args, report_path, log=None):
     """`compare/run.py --model MODEL` with the same settings in a child process, its progress lines
-    passed through as they come; returns what `finish_model_process` needs."""
+    passed through as they come (and, with `log`, one when it exits); returns what
+    `finish_model_process` needs."""
     argv = [sys.executable, os.path.abspath(__file__), "--model", model, "--towers", str(args.towers),
             "--seed", str(args.seed), "--report", report_path]
     argv += ["--quick"] if args.quick else []
     argv += ["--steps", str(args.steps)] if args.steps else []
     argv += [f"--program={spec}" for spec in args.program]
-    return spawn(model, argv, report_path)
+    return spawn(model, argv, report_path, log)
 
 
-def spawn(model, argv, report_path):
-    """Start `argv`, forwarding its progress lines ("[  t s] ...") to stdout as they come."""
+def spawn(model, argv, report_path, log=None):
+    """Start `argv`, forwarding its progress lines ("[  t s] ...") to stdout as they come, and
+    logging through `log` when its output ends (so a run says when the child was done)."""
     import subprocess
     import threading
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -113,6 +115,8 @@ def spawn(model, argv, report_path):
             output.append(line)
             if line.startswith("["):  # progress lines; the table comes back through the report
                 print(line, end="", flush=True)
+        if log is not None:
+            log(f"{model}: child process done, exit code {child.wait()}")
 
     reader = threading.Thread(target=forward, daemon=True)
     reader.start()
@@ -154,7 +158,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp_dir:
         mnist_child = None
         if args.model == "all":  # MNIST in a second process, on the core the CIFAR graph build leaves idle
-            mnist_child = start_model_process("mnist", args, os.path.join(tmp_dir, "mnist.json"))
+            mnist_child = start_model_process("mnist", args, os.path.join(tmp_dir, "mnist.json"), log)
         elif args.model == "mnist":
             from compare import mnist
             steps = args.steps or (4 if args.quick else 10)
@@ -164,6 +168,7 @@ def main(argv=None):
                 from compare import cifar
                 cfg = cifar.default_config(args.towers, args.steps, args.seed, args.quick, args.checkpoint)
                 results += cifar.run(cfg, tmp_dir, log=log, only=args.only or cifar.GROUPS)
+                log("cifar: checks done")
         except BaseException:  # Ctrl-C or a crash: no MNIST process left behind
             if mnist_child is not None:
                 mnist_child[1].kill()
