@@ -54,15 +54,17 @@ class MnistDataError(tfrecord.DataError):
 # --------------------------------------------------------------------------------------------
 # The TFRecord format
 # --------------------------------------------------------------------------------------------
+# The original's record features (its `parser`'s dict).
+FEATURES = {
+    'image_raw': tf.io.FixedLenFeature([], tf.string),
+    'pixels': tf.io.FixedLenFeature([], tf.int64),
+    'label': tf.io.FixedLenFeature([], tf.int64),
+}
+
+
 def parser(record):
     """The original's `parser`: one serialized example -> (784 float32 pixels in 0..255, int32 label)."""
-    features = tf.io.parse_single_example(
-        record,
-        features={
-            'image_raw': tf.io.FixedLenFeature([], tf.string),
-            'pixels': tf.io.FixedLenFeature([], tf.int64),
-            'label': tf.io.FixedLenFeature([], tf.int64),
-        })
+    features = tf.io.parse_single_example(record, features=FEATURES)
     decoded_image = tf.io.decode_raw(features['image_raw'], tf.uint8)
     reshaped_image = tf.reshape(decoded_image, [IMAGE_PIXELS])
     retyped_image = tf.cast(reshaped_image, tf.float32)  # no /255: the original feeds raw pixel values
@@ -75,13 +77,7 @@ def parse_batch(records):
     values row for row.  One ParseExample and one DecodeRaw for the batch, where
     `tf.vectorized_map(parser, records)` falls back to a while loop for DecodeRaw (measured on a
     batch of 200: 0.8-1.2 ms against 2.9-3.1 ms)."""
-    features = tf.io.parse_example(
-        records,
-        features={
-            'image_raw': tf.io.FixedLenFeature([], tf.string),
-            'pixels': tf.io.FixedLenFeature([], tf.int64),
-            'label': tf.io.FixedLenFeature([], tf.int64),
-        })
+    features = tf.io.parse_example(records, features=FEATURES)
     images = tf.reshape(tf.io.decode_raw(features['image_raw'], tf.uint8), [-1, IMAGE_PIXELS])
     return tf.cast(images, tf.float32), tf.cast(features['label'], tf.int32)
 
