@@ -178,10 +178,12 @@ def build_legacy(cfg, files, tmp_dir, split="fix", start_path=None):
     with graph.as_default():
         tf1.set_random_seed(cfg.seed)
         sizes = pipeline(cfg.towers)
-        data = programs.legacy_cifar.make_datasets([files["train"]], [files["valid"]], sizes["batch_size"],
-                                          sizes["valid_batch_size"], sizes["shuffle_buffer"], sizes["epochs"])
-        ns = programs.legacy_cifar.build_graph(num_towers=cfg.towers, split=split, static_batch_size=cfg.rows_per_tower,
-                                      boundaries=args.boundaries, values=args.values)
+        data = programs.legacy_cifar.make_datasets(
+            [files["train"]], [files["valid"]], sizes["batch_size"], sizes["valid_batch_size"],
+            sizes["shuffle_buffer"], sizes["epochs"])
+        ns = programs.legacy_cifar.build_graph(
+            num_towers=cfg.towers, split=split, static_batch_size=cfg.rows_per_tower,
+            boundaries=args.boundaries, values=args.values)
         model_variables = {v.op.name: v for v in slim.get_model_variables()}
         trainable = {v.op.name for v in tf1.trainable_variables()}
         slots = {n: (ns.optimizer.get_slot(v, "m"), ns.optimizer.get_slot(v, "v"))
@@ -302,19 +304,24 @@ def build_modern(cfg, strategy, start_path, tmp_dir, extra_argv=()):
     spec = element_spec(strategy)
     return Modern(model=model, optimizer=optimizer, strategy=strategy, args=args,
                   names=checkpoints.tf1_variable_map(model),
-                  train_step=programs.modern_cifar.make_train_step(model, optimizer, strategy, return_metrics=True,
-                                                          element_spec=spec),
+                  train_step=programs.modern_cifar.make_train_step(model, optimizer, strategy,
+                                                                   return_metrics=True, element_spec=spec),
                   eval_step=programs.modern_cifar.make_eval_step(model, strategy, element_spec=spec), spec=spec)
 
 
-def distribute(strategy, x, y):
+def replica_batches(strategy, x, y):
     """One global batch through the modern program's input path (`spread_short_batch` on a
     dataset of global batches, then `cluster.distribute`), as `make_datasets` and `train` feed
-    the trainer; returns the distributed element and each replica's row count."""
+    the trainer."""
     n = strategy.num_replicas_in_sync
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)).map(
         lambda a, b: programs.modern_cifar.spread_short_batch(a, b, n))
-    element = next(iter(cluster.distribute(strategy, None, dataset)))
+    return cluster.distribute(strategy, None, dataset)
+
+
+def distribute(strategy, x, y):
+    """(the distributed element of `replica_batches`, each replica's row count)."""
+    element = next(iter(replica_batches(strategy, x, y)))
     rows = [int(t.shape[0]) for t in strategy.experimental_local_results(element[1])]
     return element, rows
 
@@ -322,9 +329,7 @@ def distribute(strategy, x, y):
 def element_spec(strategy):
     """The distributed element_spec of `distribute` (no static row count: one trace for all)."""
     x, y = make_batches(1, 3, 0)
-    dataset = tf.data.Dataset.from_tensor_slices((x[0], y[0])).batch(3).map(
-        lambda a, b: programs.modern_cifar.spread_short_batch(a, b, strategy.num_replicas_in_sync))
-    return cluster.distribute(strategy, None, dataset).element_spec
+    return replica_batches(strategy, x[0], y[0]).element_spec
 
 
 def set_modern_state(modern, state):
@@ -590,9 +595,9 @@ def check_pipelines(h):
             except tf.errors.OutOfRangeError:
                 break
     plan = pipeline(n)
-    train_ds, val_ds = programs.modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], plan["batch_size"],
-                                                  plan["valid_batch_size"], plan["shuffle_buffer"],
-                                                  plan["epochs"], num_replicas=n)
+    train_ds, val_ds = programs.modern_cifar.make_datasets(
+        [h.files["train"]], [h.files["valid"]], plan["batch_size"], plan["valid_batch_size"],
+        plan["shuffle_buffer"], plan["epochs"], num_replicas=n)
     errors, problems = [], []
     for key, dataset in (("train", train_ds), ("valid", val_ds)):
         batches_m = [tuple(t.numpy() for t in element) for element in dataset]
@@ -628,12 +633,13 @@ def check_validation(h):
     _, _, _, val_iterator, val_images, val_labels = legacy.data
     with tempfile.TemporaryDirectory() as events, legacy.graph.as_default():
         writer = tf1.summary.FileWriter(events)
-        acc_l, loss_l = programs.legacy_cifar.validate(legacy.sess, legacy.ns, val_iterator, val_images, val_labels,
-                                              writer, 0, "fix")
+        acc_l, loss_l = programs.legacy_cifar.validate(legacy.sess, legacy.ns, val_iterator, val_images,
+                                                       val_labels, writer, 0, "fix")
         writer.close()
     sizes = pipeline(n)
-    _, val_ds = programs.modern_cifar.make_datasets([h.files["train"]], [h.files["valid"]], sizes["batch_size"],
-                                           sizes["valid_batch_size"], sizes["shuffle_buffer"], 1, num_replicas=n)
+    _, val_ds = programs.modern_cifar.make_datasets(
+        [h.files["train"]], [h.files["valid"]], sizes["batch_size"], sizes["valid_batch_size"],
+        sizes["shuffle_buffer"], 1, num_replicas=n)
     acc_m, loss_m = programs.modern_cifar.validate(modern.eval_step, cluster.distribute(modern.strategy, None, val_ds))
     legacy.sess.run(val_iterator.initializer)
     per_batch, hits, ces = [], [], []

@@ -117,7 +117,7 @@ def build_modern(strategy, args, data_path, start, same_batch):
     with strategy.scope():
         model = programs.modern_mnist.build_model(args.regularization_rate)
         optimizer = programs.modern_mnist.make_optimizer(args.learning_rate_base, 60000 / args.batch_size,
-                                                args.learning_rate_decay)
+                                                         args.learning_rate_decay)
         for v in model.trainable_variables:
             v.assign(start[programs.modern_mnist.legacy_name(v)])
         optimizer.build(model.trainable_variables)
@@ -126,7 +126,7 @@ def build_modern(strategy, args, data_path, start, same_batch):
         dataset = programs.modern_mnist.get_input(data_path, args.batch_size, strategy.num_replicas_in_sync, same_batch)
     dist = cluster.distribute(strategy, None, dataset)  # the program's input path
     train_step = programs.modern_mnist.make_train_step(model, optimizer, strategy, ema, return_grads=True,
-                                              element_spec=dist.element_spec)
+                                                       element_spec=dist.element_spec)
     return ModernMnist(model=model, optimizer=optimizer, ema=ema, shadows=shadows, train_step=train_step,
                        weights={programs.modern_mnist.legacy_name(v): v for v in model.trainable_variables},
                        iterator=iter(dist))
