@@ -58,6 +58,35 @@ def test_tiny_json_values_are_sane(tiny):
     assert legacy["vs_legacy"] == 1.0
 
 
+def test_repeats_are_interleaved_and_every_run_is_summarised(monkeypatch, capsys, tmp_path):
+    """`main`'s schedule, with `spawn` answering in-process: all configurations once, then all
+    again, and each record summarises its own configuration's runs (the tiny run has one repeat)."""
+    order = []
+
+    def spawn(spec):
+        if spec["model"] == "calibrate":
+            return dict(matmul_gflops=100.0, matmul_size=spec["matmul_size"], flops={"mnist": {"legacy": 1e6, "modern": 1e6}})
+        order.append((spec["variant"], spec["replicas"]))
+        seconds = 0.01 * (len(order) + 1)  # each run its own speed, to find it in the summary
+        return dict(rows=[spec["batch"]] * 4, seconds=[seconds] * 4, first_step_s=1.0, peak_rss_mb=500.0,
+                    cpu_busy=0.5, devices=["/cpu:0"] * spec["replicas"])
+
+    monkeypatch.setattr(bench, "spawn", spawn)
+    path = tmp_path / "bench.json"
+    assert bench.main(["--model", "mnist", "--replicas", "1", "2", "--variants", "legacy", "modern",
+                       "--warmup", "1", "--steps", "3", "--repeats", "2", "--json", str(path)]) == 0
+    once = [("legacy", 1), ("modern", 1), ("legacy", 2), ("modern", 2)]
+    assert order == once + once
+    out = capsys.readouterr().out
+    assert out.count("[repeat 1/2") == 4 and out.count("[repeat 2/2") == 4
+    assert out.index("[repeat 1/2, 4/4]") < out.index("[repeat 2/2, 1/4]")
+    # modern at 2 replicas ran 4th and 8th: 3 timed steps of 0.05 s and 3 of 0.09 s, 100 rows each.
+    record = json.loads(path.read_text())["configurations"][3]
+    assert (record["variant"], record["replicas"], record["repeats"], record["timed_steps"]) == ("modern", 2, 2, 6)
+    assert record["examples_per_sec_median"] == pytest.approx((100 / 0.05 + 100 / 0.09) / 2)
+    assert record["examples_per_sec_min"] == pytest.approx(100 / 0.09)
+
+
 def test_bad_variant_is_refused():
     with pytest.raises(SystemExit):
         bench.parse_args(["--variants", "modern-fastest"])
