@@ -471,7 +471,7 @@ ONEDNN_NOTE = ("this CPU build's oneDNN Conv2D mishandles an empty batch (it ret
                "TF_ENABLE_ONEDNN_OPTS=0, the loss is NaN")
 
 
-def run_batch(sess, fetches, feed, cut, step, split):
+def run_batch(sess, fetches, feed, cut, step):
     """sess.run, except that the seed's empty-tower failure under --split=static is reported, not raised.
 
     Returns the fetched values, or None when the step could not run because of an empty tower.
@@ -516,7 +516,7 @@ def validate(sess, g, val_iterator, val_image_batch, val_label_batch, valid_writ
             dropped += cut.dropped
             if split == "fix" and cut.empty:
                 continue  # every tower empty: nothing to evaluate
-            out = run_batch(sess, [g.loss, g.accuracy, g.summary_op], valid_dict, cut, step, split)
+            out = run_batch(sess, [g.loss, g.accuracy, g.summary_op], valid_dict, cut, step)
             if out is None:
                 continue
             loss_v, acc_v, summary_str = out
@@ -665,7 +665,7 @@ def train(args):
                 if args.split == "fix" and cut.empty:
                     continue
                 out = run_batch(sess, [g.summary_op, g.train_step, g.loss, g.accuracy, g.tower_losses],
-                                train_dict, cut, step, args.split)
+                                train_dict, cut, step)
                 if out is None:  # the step failed on an empty tower: its other rows did not train either
                     skipped_rows += cut.rows - cut.dropped
                     continue

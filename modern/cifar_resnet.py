@@ -339,16 +339,15 @@ class FusedAdam(keras.optimizers.Adam):
 # ----------------------------------------------------------------------------------------------
 # One training step, one validation step, over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, global_batch_size=None, return_metrics=False,
-                    element_spec=None):
+def make_train_step(model, optimizer, strategy, return_metrics=False, element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch: an (images, one-hot labels[, weights]) element of `cluster.distribute`
     (weights from spread_short_batch; every replica must hold at least one row).
     Each replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces
     the replicas' gradients and applies them once to every copy of the weights (Adam steps once).
-    global_batch_size: None counts the rows actually in each step, so a short last batch is
-    weighted by its true size; an int fixes it (all replicas must then see that many rows in all).
+    Each step counts the rows actually in it (all replicas, copies counted once), so a short last
+    batch is weighted by its true size.
     With return_metrics, returns (loss, {'accuracy', 'rows', 'learning_rate'}): the global batch's
     accuracy, its rows (copies counted once) and the learning rate this step used.
     element_spec: the distributed dataset's `element_spec`, to trace once for every batch size
@@ -357,9 +356,7 @@ def make_train_step(model, optimizer, strategy, global_batch_size=None, return_m
     variables = model.trainable_variables
 
     def replica_step(x, y_onehot, weights=None):
-        global_rows = global_batch_size
-        if global_rows is None:
-            global_rows = _global_rows(tf.shape(x)[0], weights)
+        global_rows = _global_rows(tf.shape(x)[0], weights)
         loss, grads, logits = replica_gradients(model, x, y_onehot, global_rows, weights)
         optimizer.apply_gradients(zip(grads, variables))  # all-reduce (SUM), then one Adam update
         hits = tf.cast(tf.equal(tf.argmax(logits, 1), tf.argmax(y_onehot, 1)), tf.float32)

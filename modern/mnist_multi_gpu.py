@@ -236,26 +236,22 @@ def make_moving_average(model, optimizer, decay=0.99):
 # ----------------------------------------------------------------------------------------------
 # One training step over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, ema=None, global_batch_size=None, return_grads=False,
-                    element_spec=None):
+def make_train_step(model, optimizer, strategy, ema=None, return_grads=False, element_spec=None):
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch is an (x, labels) element of `cluster.distribute`.  Each
     replica computes its loss and gradients and calls `apply_gradients`, which SUM-all-reduces the
     replicas' gradients (the legacy `average_gradients`, see compute_replica_loss) and applies them
     once to every copy of the weights; then `ema` (if given) averages the updated weights.
-    global_batch_size: None counts the rows actually present in each step (a short last batch is
-    weighted by its true size); an int fixes it.
+    Each step counts the rows actually present in it, so a short last batch is weighted by its
+    true size.
     With return_grads, returns (loss, the summed gradients aligned with model.trainable_variables).
     element_spec: the distributed dataset's `element_spec`, to trace once for every batch size.
     """
     variables = model.trainable_variables
 
     def replica_step(x, labels):
-        rows = global_batch_size
-        if rows is None:
-            rows = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
+        rows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
         with tf.GradientTape() as tape:
             loss = compute_replica_loss(model, x, labels, rows, training=True)
         grads = tape.gradient(loss, variables)

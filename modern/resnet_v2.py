@@ -131,7 +131,9 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
 
     def _moments_batch_norm(self, inputs):
         """(normalised outputs, batch mean, Bessel-corrected batch variance), by ops.moments."""
-        mean, variance = ops.moments(inputs, axes=self._reduction_axes)
+        rank = len(inputs.shape)
+        axes = [a for a in range(rank) if a != self.axis % rank]  # all but the channels'
+        mean, variance = ops.moments(inputs, axes=axes)
         n = ops.cast(ops.size(inputs) // ops.shape(inputs)[-1], variance.dtype)
         outputs = ops.batch_normalization(inputs, mean, variance, axis=self.axis, offset=self.beta,
                                           scale=self.gamma, epsilon=self.epsilon)

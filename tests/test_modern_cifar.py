@@ -396,3 +396,31 @@ def test_a_batch_the_strategy_would_leave_a_replica_empty_is_recognised():
     empty = {(1, 2): True, (3, 2): False, (4, 3): True, (5, 3): False, (5, 4): True, (6, 4): True,
              (7, 4): False, (9, 4): True, (16, 2): False, (1, 1): False}
     assert {k: bool(cifar_resnet.leaves_a_replica_empty(*k)) for k in empty} == empty
+
+
+def test_no_data_means_the_embedded_profile_and_says_what_differs(tmp_path, monkeypatch, capsys):
+    """`python modern/cifar_resnet.py`: the README's modern demo, up to the model (the same embedded
+    set and profile as the legacy program's, made here by the same generator, smaller)."""
+    monkeypatch.setattr(cifar10, "SYNTHETIC_TRAIN", 21)
+    monkeypatch.setattr(cifar10, "SYNTHETIC_VALID", 51)
+    monkeypatch.setattr(cifar_resnet, "EMBEDDED_DATA_DIR", str(tmp_path / "embedded"))
+    args = cifar_resnet.parse_args(["--model_dir", str(tmp_path / "m"), "--log_dir", str(tmp_path / "l")])
+    train, valid, steps_per_epoch = cifar_resnet.check_inputs(args, None, 2)
+    assert (args.batch_size, args.valid_batch_size, args.epochs) == (16, 50, 8)
+    assert train == [str(tmp_path / "embedded" / cifar10.TRAIN_FILE)] and steps_per_epoch == 2
+    out = capsys.readouterr().out
+    assert ("No data given: the embedded synthetic set, with the embedded profile: batch_size 16 (original 256), "
+            "valid_batch_size 50 (original 256), epochs 8 (original 200)") in out
+    # 21 = 16 + 5 rows: the short last batch goes to the replicas whole (3 + 2), no row dropped.
+    assert "global batch 16 over 2 replicas; each epoch ends on a batch of 5 rows" in out and "(no row dropped)" in out
+
+
+def test_data_dir_means_the_originals_defaults(tmp_path, capsys):
+    cifar10.make_synthetic(str(tmp_path), num_train=4, num_valid=4, seed=7)
+    args = cifar_resnet.parse_args(["--data_dir", str(tmp_path), "--model_dir", str(tmp_path / "m"),
+                                    "--log_dir", str(tmp_path / "l")])
+    train, valid, _ = cifar_resnet.check_inputs(args, None, 2)
+    assert (args.batch_size, args.valid_batch_size, args.epochs) == (256, 256, 200)
+    assert (args.num_replicas, args.keep_prob, args.boundaries) == (2, 0.6, [10000, 25000])
+    assert train == [str(tmp_path / cifar10.TRAIN_FILE)] and valid == [str(tmp_path / cifar10.TEST_FILE)]
+    assert "embedded" not in capsys.readouterr().out
