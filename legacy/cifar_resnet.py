@@ -2,7 +2,7 @@
 
 Run it (from the repository root)::
 
-    python legacy/cifar_resnet.py                                  # embedded synthetic data, ~3 min on 2 CPUs
+    python legacy/cifar_resnet.py                                  # embedded synthetic data, ~4 min on 2 CPUs
     python -m records.cifar10 --src cifar-10-batches-py --out data/cifar10
     python legacy/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python legacy/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
@@ -25,7 +25,7 @@ profile*: when no data is given (no --data_dir / --train_tfrecords) the program 
 synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 997 training and 250 validation
 images) and, unless set on the command line, uses batch_size 16, valid_batch_size 50 and 8 epochs
 (504 steps) instead of 256, 256 and 200 (`records.cifar10.EMBEDDED_PROFILE`), so that the run ends in
-about 3 minutes on 2 CPU cores with enough steps for the batch-norm moving averages (decay 0.997) to
+under 4 minutes on 2 CPU cores (~3 of them training) with enough steps for the batch-norm moving averages (decay 0.997) to
 settle before the last validation; the log says which values differ.  On real data every default is
 the original's.
 
