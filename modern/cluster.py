@@ -40,6 +40,7 @@ import tempfile
 
 import tensorflow as tf
 
+from modern import tf_adapter
 from modern.runtime import UsageError, make_strategy as make_one_host_strategy
 
 LAYOUT_FILE = "cluster_layout.json"
@@ -206,21 +207,10 @@ def configure_coordination(num_workers, connect_timeout):
                                        finished chief does not leave its peers talking to a closed
                                        socket
 
-    TensorFlow dependencies, private: `context.context().configure_coordination_service` (the call
-    the strategy makes) and its `_coordination_service_config` (the barrier flag has no argument).
+    TensorFlow dependencies, private: the calls the strategy makes (`modern.tf_adapter`).
     """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    ctx.configure_coordination_service(
-        service_type="standalone",
-        service_leader="/job:worker/replica:0/task:0",
-        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=num_workers)],
-        cluster_register_timeout_in_ms=int(connect_timeout * 1000),
-        heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_S * 1000,
-        shutdown_barrier_timeout_in_ms=SHUTDOWN_TIMEOUT_S * 1000)
-    ctx._coordination_service_config.cluster_register_with_barrier = True
+    tf_adapter.configure_coordination_service(num_workers, int(connect_timeout * 1000),
+                                              HEARTBEAT_TIMEOUT_S * 1000, SHUTDOWN_TIMEOUT_S * 1000)
 
 
 def distribute(strategy, worker, dataset):
@@ -384,16 +374,14 @@ def finish(worker):
     The PreemptionCheckpointHandler keeps a thread per worker blocked on a key of the chief's
     coordination service (`_watch_step_to_save_key`); a chief that exits first leaves it raising
     "UnavailableError: Socket closed" (measured on the full MNIST run).  So: release every worker's
-    watcher (the handler's own clean-up, `_stop_cluster_wise_termination_watcher_thread`, private),
-    then wait at a coordination-service barrier (`context.wait_at_barrier`) until every worker has.
+    watcher (the handler's own clean-up, private), then wait at a coordination-service barrier until
+    every worker has (both through `modern.tf_adapter`).
     """
     if worker is None:
         return
-    from tensorflow.python.eager import context
-
     if worker.preemption_handler is not None:
-        worker.preemption_handler._stop_cluster_wise_termination_watcher_thread()
-    context.context().wait_at_barrier("modern.cluster.finish", SHUTDOWN_TIMEOUT_S * 1000)
+        tf_adapter.stop_termination_watcher(worker.preemption_handler)
+    tf_adapter.wait_at_barrier("modern.cluster.finish", SHUTDOWN_TIMEOUT_S * 1000)
 
 
 # ----------------------------------------------------------------------------------------------

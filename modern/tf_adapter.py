@@ -1,0 +1,43 @@
+"""The one module that reaches into TensorFlow's private modules where it has no public API (for
+the multi-worker engine, modern/cluster.py; pinned by tests/test_multiworker.py, whose connect
+timeout, lost-peer and SIGTERM/SIGKILL tests fail first when a TensorFlow release moves these, and
+by `tensorflow==2.21.*` in pyproject.toml).
+
+    configure_coordination_service(...)  the coordination service, with a register barrier
+    stop_termination_watcher(handler)    a PreemptionCheckpointHandler's watcher thread, released
+    wait_at_barrier(name, timeout_ms)    every worker meets at a named barrier
+"""
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.eager import context
+
+
+def configure_coordination_service(num_workers, register_timeout_ms, heartbeat_timeout_ms,
+                                   shutdown_timeout_ms):
+    """The service MultiWorkerMirroredStrategy configures (standalone, led by worker 0, every worker
+    a coordinated task), with time limits and `cluster_register_with_barrier` set.
+
+    Private: `context.context().configure_coordination_service` (the call the strategy makes) and
+    its `_coordination_service_config` (the barrier flag has no argument).
+    """
+    ctx = context.context()
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=num_workers)],
+        cluster_register_timeout_in_ms=register_timeout_ms,
+        heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+        shutdown_barrier_timeout_in_ms=shutdown_timeout_ms)
+    ctx._coordination_service_config.cluster_register_with_barrier = True
+
+
+def stop_termination_watcher(handler):
+    """Release the thread a `tf.distribute.experimental.PreemptionCheckpointHandler` keeps blocked on
+    a key of the chief's coordination service (private: the handler's own clean-up,
+    `_stop_cluster_wise_termination_watcher_thread`)."""
+    handler._stop_cluster_wise_termination_watcher_thread()
+
+
+def wait_at_barrier(name, timeout_ms):
+    """Wait until every worker reaches the coordination-service barrier `name` (private:
+    `context.context().wait_at_barrier`)."""
+    context.context().wait_at_barrier(name, timeout_ms)
