@@ -300,11 +300,9 @@ def evaluate_averaged(shadows, eval_data_path, regularization_rate=0.0001):
 # ----------------------------------------------------------------------------------------------
 # The main training process.
 # ----------------------------------------------------------------------------------------------
-def train(args):
-    seed_program(args.seed, args.deterministic)
-    # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
-    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
-    n = strategy.num_replicas_in_sync
+def check_inputs(args, worker, n):
+    """Set-up before any model: the data and folders checked (UsageError otherwise), and logged.
+    Returns (data_path, num_examples, eval_data_path or None)."""
     data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
     check_writable(args.model_save_path, "--model_save_path")
     cluster.check_layout(args.model_save_path, worker, args.num_replicas)
@@ -316,6 +314,25 @@ def train(args):
     else:
         print(f"Each of the {n} replicas trains on its own batch of {args.batch_size} "
               f"({args.batch_size * n} distinct examples per step).")
+    return data_path, num_examples, eval_data_path
+
+
+def write_summaries(writer, step, loss_value, grads, variables):
+    """The legacy histograms (averaged gradients, weights) under the legacy names, plus the loss."""
+    with writer.as_default():
+        write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
+        for g, v in zip(grads, variables):
+            write_histogram(f"gradients_on_average/{legacy_name(v)}", g, step)
+        for v in variables:
+            write_histogram(legacy_name(v), v.value, step)
+
+
+def train(args):
+    seed_program(args.seed, args.deterministic)
+    # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
+    strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
+    n = strategy.num_replicas_in_sync
+    data_path, num_examples, eval_data_path = check_inputs(args, worker, n)
 
     with strategy.scope():
         model = build_model(args.regularization_rate)
@@ -367,12 +384,7 @@ def train(args):
                 format_str = '%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)'
                 print(format_str % (datetime.now(), step, loss_value, examples_per_sec, duration / n)
                       + progress(step + 1, args.training_steps, time.time() - begin, step + 1 - start), flush=True)
-                with writer.as_default():
-                    write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
-                    for g, v in zip(grads, variables):
-                        write_histogram(f"gradients_on_average/{legacy_name(v)}", g, step)
-                    for v in variables:
-                        write_histogram(legacy_name(v), v.value, step)
+                write_summaries(writer, step, loss_value, grads, variables)
             if step % args.save_every == 0 or (step + 1) == args.training_steps:
                 manager.save(checkpoint_number=step)
                 saved = step
