@@ -25,9 +25,9 @@ profile*: when no data is given (no --data_dir / --train_tfrecords) the program 
 synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 997 training and 250 validation
 images) and, unless set on the command line, uses batch_size 16, valid_batch_size 50 and 8 epochs
 (504 steps) instead of 256, 256 and 200 (`records.cifar10.EMBEDDED_PROFILE`), so that the run ends in
-under 4 minutes on 2 CPU cores (~3 of them training) with enough steps for the batch-norm moving averages (decay 0.997) to
-settle before the last validation; the log says which values differ.  On real data every default is
-the original's.
+under 4 minutes on 2 CPU cores (~3 of them training) with enough steps for the batch-norm moving
+averages (decay 0.997) to settle before the last validation; the log says which values differ.  On
+real data every default is the original's.
 
 The original's quirks are kept and marked "Quirk kept": training images go through
 `preprocess_for_test` (no augmentation); the logged loss is the LAST tower's; the accuracy is tower

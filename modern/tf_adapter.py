@@ -6,9 +6,9 @@ by `tensorflow==2.21.*` in pyproject.toml).
     configure_coordination_service(...)  the coordination service, with a register barrier
     stop_termination_watcher(handler)    a PreemptionCheckpointHandler's watcher thread, released
     wait_at_barrier(name, timeout_ms)    every worker meets at a named barrier
+
+Imported where used, so that a TensorFlow release that moves them breaks only the multi-worker runs.
 """
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.python.eager import context
 
 
 def configure_coordination_service(num_workers, register_timeout_ms, heartbeat_timeout_ms,
@@ -19,6 +19,9 @@ def configure_coordination_service(num_workers, register_timeout_ms, heartbeat_t
     Private: `context.context().configure_coordination_service` (the call the strategy makes) and
     its `_coordination_service_config` (the barrier flag has no argument).
     """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
     ctx = context.context()
     ctx.configure_coordination_service(
         service_type="standalone",
@@ -40,4 +43,6 @@ def stop_termination_watcher(handler):
 def wait_at_barrier(name, timeout_ms):
     """Wait until every worker reaches the coordination-service barrier `name` (private:
     `context.context().wait_at_barrier`)."""
+    from tensorflow.python.eager import context
+
     context.context().wait_at_barrier(name, timeout_ms)
