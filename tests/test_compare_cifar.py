@@ -149,6 +149,21 @@ def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_che
     assert gradients.status == "FAIL" and gradients.worst.name == "Logits/fc/weights"
 
 
+def test_loss_averaged_over_each_replicas_own_rows_fails_the_gradient_check(harness, monkeypatch):
+    """The classic migration mistake: each replica's loss is the mean over ITS rows (Keras'
+    `compute_average_loss` without the global batch), so the SUM over 2 replicas doubles the loss
+    and every gradient.  Planted where the program counts the step's rows; caught by the loss the
+    train step returns and by the gradients."""
+    def local_rows(rows, weights):
+        return tf.cast(rows, tf.int32) if weights is None else tf.cast(tf.round(tf.reduce_sum(weights)), tf.int32)
+
+    monkeypatch.setattr(modern_cifar, "_global_rows", local_rows)
+    results = by_check(compare_cifar.check_training(with_train_step(harness), harness.xs[-1], harness.ys[-1]))
+    forward, gradients = results["forward (training, same dropout masks)"], results["gradients (read out of the train step)"]
+    assert forward.status == "FAIL" and forward.worst.max_rel == pytest.approx(0.5, abs=1e-3)  # legacy = modern / 2
+    assert gradients.status == "FAIL" and gradients.worst.max_rel > 0.4
+
+
 def restart_steps(h, steps=(10000,)):
     """The restart-per-step checks at the first default boundary, with the train step traced again."""
     h = with_train_step(h)
