@@ -65,6 +65,29 @@ def test_harness_passes_on_the_real_programs(harness):
     assert len(set(np.round(free["legacy"], 5))) == 4
 
 
+def test_a_free_conv_bias_is_judged_against_its_layers_weight_gradient():
+    """Round-off in a zero-gradient bias, larger than its own norm and than its even share of the
+    network's, but small against its layer's weight gradient, passes; without that weight gradient beside it the same difference fails, and so
+    does a real difference in the bias, of the weight gradient's scale."""
+    rng = np.random.default_rng(0)
+    unit = lambda *shape: (lambda t: t / np.linalg.norm(t))(rng.normal(size=shape)).astype(np.float32)  # noqa: E731
+    # As measured at 3 towers: a whole-network gradient spread over many weights, conv1's weight
+    # gradient ~1e8, its free bias ~1e2 per element on each side and ~1e3 apart in norm.
+    rest, weights = 1e8 * unit(4_000_000), 1e8 * unit(7, 7, 3, 64)
+    bias, noise = 800 * unit(64), 1e3 * unit(64)
+    name, tol = "resnet_v2_50/conv1/biases", compare_cifar.TOLERANCES["resnet"][0]
+
+    def error(legacy_bias, with_weights=True):
+        modern = {name: bias, "resnet_v2_50/block4/unit_3/bottleneck_v2/conv3/weights": rest,
+                  **({"resnet_v2_50/conv1/weights": weights} if with_weights else {})}
+        legacy = dict(modern, **{name: legacy_bias})
+        return {e.name: e.rel_l2 for e in compare_cifar.grad_errors(legacy, modern)}[name]
+
+    assert error(bias + noise) < tol
+    assert error(bias + noise, with_weights=False) > tol
+    assert error(bias + 1e-3 * np.linalg.norm(weights) / 8) > tol
+
+
 def test_nan_on_both_sides_is_not_agreement():
     assert tensor_error("x", [np.nan, 1.0], [np.nan, 1.0]).rel_l2 == np.inf
     assert tensor_error("x", [1.0, 2.0], [1.0, 2.0]).rel_l2 == 0.0
