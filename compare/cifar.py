@@ -442,8 +442,8 @@ def grad_errors(legacy, modern, names=None):
     inputs make its layer's weight gradient; it is judged relative to that weight gradient's norm
     too.  Measured (3 towers, 2 rows copied to every tower: gradients of norm ~5e9): conv1/biases
     ~1e2 on each side and 1-16 apart, against 3.5e9 for conv1/weights; relative to its own or its
-    even share's norm that round-off measured 7e-6 to 4.7e-4 on the same code (the thread order
-    of the reductions), over the 2.4e-4 tolerance once among 8 values.
+    even share's norm that round-off measured 7e-6 to 4.7e-4 on the same code and data, varying
+    from run to run, over the 2.4e-4 tolerance once among 8 values.
     """
     names = sorted(names or legacy)
     floors = share_floors({n: modern[n] for n in names})

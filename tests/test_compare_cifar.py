@@ -67,8 +67,8 @@ def test_harness_passes_on_the_real_programs(harness):
 
 def test_a_free_conv_bias_is_judged_against_its_layers_weight_gradient():
     """Round-off in a zero-gradient bias, larger than its own norm and than its even share of the
-    network's, but small against its layer's weight gradient, passes; without that weight gradient beside it the same difference fails, and so
-    does a real difference in the bias, of the weight gradient's scale."""
+    network's, but small against its layer's weight gradient, passes; without that weight gradient
+    beside it the same difference fails, and so does a real difference of the weight gradient's scale."""
     rng = np.random.default_rng(0)
     unit = lambda *shape: (lambda t: t / np.linalg.norm(t))(rng.normal(size=shape)).astype(np.float32)  # noqa: E731
     # As measured at 3 towers: a whole-network gradient spread over many weights, conv1's weight
