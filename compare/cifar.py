@@ -977,9 +977,8 @@ def check_uneven_batch(h, x, y):
         results.append(judge("split: --split=weighted (uneven)", MODEL, split_errors(loss_w, grads_w, loss_m, grads_all),
                              "resnet", note=f"{odd} rows: modern rows {rows_all}, legacy weighted towers, "
                                             f"dropped {dropped_w}"))
-    free = free_biases(legacy)
     _, grads_fix_all, _ = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks)[:kept])
-    gap = max(tensor_error(k, grads_fix_all[k], grads_all[k]).rel_l2 for k in grads_all if k not in free)
+    gap = max(tensor_error(k, grads_fix_all[k], grads_all[k]).rel_l2 for k in grads_all if not is_free_bias(k))
     loss_m, grads_m, masks, _ = modern_gradients(h, x[:kept], y[:kept])
     loss_l, grads_l, dropped = legacy_gradients(legacy, x[:odd], y[:odd], row_masks(masks))
     errors = split_errors(loss_l, grads_l, loss_m, grads_m)

@@ -43,8 +43,8 @@ TEST_FILE = "test.tfrecords"
 # 256 do (a last batch of 80: towers [40, 40] with the fix, [80, 0] under the bug):
 #   the fix, current_batch_size = 5 // 2 = 2: towers [2, 2], one row dropped (an odd remainder);
 #   --split=static, a constant 16 // 2 = 8: towers [5, 0], tower 1 EMPTY (a remainder below 8).
-# 8 epochs = 504 steps: about 3 minutes of training on 2 CPU cores for the two-tower ResNet-v2-50, and enough
-# batch-norm moving-average updates (decay 0.997) for validation to climb well above chance.
+# 8 epochs = 504 steps: about 3 minutes of training on 2 CPU cores for the two-tower ResNet-v2-50,
+# and enough batch-norm moving-average updates (decay 0.997) for validation to climb well above chance.
 SYNTHETIC_TRAIN = 997
 SYNTHETIC_VALID = 250
 SYNTHETIC_SEED = 0
