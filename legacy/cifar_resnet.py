@@ -532,21 +532,10 @@ def validate(sess, g, val_iterator, val_image_batch, val_label_batch, valid_writ
 
 def resolve_data(args):
     """Which TFRecords to read, and the profile (embedded or original) filling unset flags."""
-    if args.data_dir or args.train_tfrecords or args.test_tfrecords:
-        if not args.data_dir and not (args.train_tfrecords and args.test_tfrecords):
-            raise UsageError("give --data_dir, or both --train_tfrecords and --test_tfrecords")
-        train = args.train_tfrecords or [os.path.join(args.data_dir, cifar10.TRAIN_FILE)]
-        test = args.test_tfrecords or [os.path.join(args.data_dir, cifar10.TEST_FILE)]
-        profile, name = ORIGINAL_PROFILE, "the original's"
-    else:
-        train, test = cifar10.ensure_default_data(EMBEDDED_DATA_DIR)
-        profile, name = EMBEDDED_PROFILE, "the embedded default profile"
-    differ = []
-    for key, value in profile.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-            if value != ORIGINAL_PROFILE[key]:
-                differ.append(f"{key} {value} (original {ORIGINAL_PROFILE[key]})")
+    train, test, embedded = cifar10.resolve_files(args.data_dir, args.train_tfrecords, args.test_tfrecords,
+                                                  EMBEDDED_DATA_DIR)
+    name = "the embedded default profile" if embedded else "the original's"
+    differ = cifar10.fill_profile(args, EMBEDDED_PROFILE if embedded else ORIGINAL_PROFILE, ORIGINAL_PROFILE)
     log(f"data: train {train}, valid {test}; settings: {name}"
         + (f"; differs from the original in: {', '.join(differ)}, so that the small embedded set trains "
            f"in minutes" if differ else ""))

@@ -140,21 +140,10 @@ def parse_args(argv=None):
 
 def resolve_data(args):
     """The training and validation files and the run sizes: the embedded profile when no data is given."""
-    embedded = not (args.data_dir or args.train_tfrecords or args.test_tfrecords)
-    profile = EMBEDDED_PROFILE if embedded else ORIGINAL_PROFILE
-    changed = []
-    for key, value in profile.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-            if value != ORIGINAL_PROFILE[key]:
-                changed.append(f"{key} {value} (original {ORIGINAL_PROFILE[key]})")
     try:
-        if embedded:
-            train_files, valid_files = cifar10.ensure_default_data(EMBEDDED_DATA_DIR)
-        else:
-            data_dir = args.data_dir or "."
-            train_files = args.train_tfrecords or [os.path.join(data_dir, cifar10.TRAIN_FILE)]
-            valid_files = args.test_tfrecords or [os.path.join(data_dir, cifar10.TEST_FILE)]
+        train_files, valid_files, embedded = cifar10.resolve_files(
+            args.data_dir, args.train_tfrecords, args.test_tfrecords, EMBEDDED_DATA_DIR)
+        changed = cifar10.fill_profile(args, EMBEDDED_PROFILE if embedded else ORIGINAL_PROFILE, ORIGINAL_PROFILE)
         train_counts = cifar10.check_tfrecord_files(train_files)
         valid_counts = cifar10.check_tfrecord_files(valid_files)
     except cifar10.CifarDataError as e:

@@ -235,6 +235,33 @@ def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
     return [train_path], [test_path]
 
 
+def resolve_files(data_dir, train_files, test_files, embedded_dir):
+    """(train files, test files, embedded?): what both CIFAR trainers read.
+
+    No --data_dir, --train_tfrecords or --test_tfrecords: the embedded set in `embedded_dir` (made if
+    missing).  Otherwise `data_dir`'s train.tfrecords and test.tfrecords, either one replaced by its
+    explicit list; a list for one side alone needs `data_dir` for the other (CifarDataError).
+    """
+    if not (data_dir or train_files or test_files):
+        return (*ensure_default_data(embedded_dir), True)
+    if not data_dir and not (train_files and test_files):
+        raise CifarDataError("give --data_dir, or both --train_tfrecords and --test_tfrecords")
+    return (train_files or [os.path.join(data_dir, TRAIN_FILE)],
+            test_files or [os.path.join(data_dir, TEST_FILE)], False)
+
+
+def fill_profile(args, profile, original):
+    """Give each size flag of `profile` left unset (None) in `args` the profile's value; return
+    "key value (original x)" for each value so set that differs from `original`."""
+    differ = []
+    for key, value in profile.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+            if value != original[key]:
+                differ.append(f"{key} {value} (original {original[key]})")
+    return differ
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -180,3 +180,30 @@ def test_ensure_default_data_makes_the_set_once(tmp_path):
     stamp = os.path.getmtime(train[0])
     assert cifar10.ensure_default_data(str(tmp_path / "syn")) == (train, valid)
     assert os.path.getmtime(train[0]) == stamp
+
+
+def test_both_trainers_resolve_data_folders_and_profiles_alike(tmp_path):
+    """records.cifar10.resolve_files and fill_profile, through each trainer's resolve_data: the same
+    flags give the same files and sizes on both sides, and the same one-line error."""
+    from legacy import cifar_resnet as legacy_cifar
+    from modern import cifar_resnet as modern_cifar
+    data = tmp_path / "data"
+    cifar10.make_synthetic(str(data), num_train=3, num_valid=2, seed=1)
+    other = cifar10.write_tfrecords(str(tmp_path / "other.tfrecords"), *cifar10.synthetic_images(2, 5))
+    for flags, train, test in (
+            (["--data_dir", str(data)], [str(data / cifar10.TRAIN_FILE)], [str(data / cifar10.TEST_FILE)]),
+            (["--data_dir", str(data), "--test_tfrecords", other], [str(data / cifar10.TRAIN_FILE)], [other]),
+            (["--train_tfrecords", other, "--test_tfrecords", other, "--batch_size", "4"], [other], [other])):
+        legacy_args, modern_args = legacy_cifar.parse_args(flags), modern_cifar.parse_args(flags)
+        assert legacy_cifar.resolve_data(legacy_args) == (train, test)
+        embedded, changed, *files = modern_cifar.resolve_data(modern_args)
+        assert (embedded, changed, files[0], files[2]) == (False, [], train, test)
+        sizes = [(a.batch_size, a.valid_batch_size, a.epochs) for a in (legacy_args, modern_args)]
+        assert sizes[0] == sizes[1] == ((4 if "--batch_size" in flags else 256), 256, 200)
+    # One list without --data_dir for the other side: both refuse, with the same words (the modern
+    # trainer used to read ./test.tfrecords).
+    message = "give --data_dir, or both --train_tfrecords and --test_tfrecords"
+    with pytest.raises(cifar10.CifarDataError, match=message):
+        legacy_cifar.resolve_data(legacy_cifar.parse_args(["--train_tfrecords", other]))
+    with pytest.raises(modern_cifar.UsageError, match=message):
+        modern_cifar.resolve_data(modern_cifar.parse_args(["--train_tfrecords", other]))

@@ -384,7 +384,7 @@ def test_resume_restores_every_saved_value_moving_statistics_and_adam_slots_incl
 
 
 def test_missing_data_file_is_one_paragraph_and_exit_code_2(strategy, tmp_path, capsys):
-    code = cifar_resnet.main(["--train_tfrecords", str(tmp_path / "nope.tfrecords"),
+    code = cifar_resnet.main(["--data_dir", str(tmp_path), "--train_tfrecords", str(tmp_path / "nope.tfrecords"),
                               "--model_dir", str(tmp_path / "m"), "--log_dir", str(tmp_path / "l")])
     err = capsys.readouterr().err
     assert code == 2
