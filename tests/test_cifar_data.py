@@ -207,3 +207,22 @@ def test_both_trainers_resolve_data_folders_and_profiles_alike(tmp_path):
         legacy_cifar.resolve_data(legacy_cifar.parse_args(["--train_tfrecords", other]))
     with pytest.raises(modern_cifar.UsageError, match=message):
         modern_cifar.resolve_data(modern_cifar.parse_args(["--train_tfrecords", other]))
+
+
+def test_the_reader_drops_only_its_own_deprecation_notice(tmp_path):
+    """records.tfrecord reads with tf.compat.v1.io.tf_record_iterator (deprecated); the filter on
+    TensorFlow's logger drops that one notice and lets every other message through."""
+    import logging
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = tf.get_logger()
+    logger.addHandler(handler)
+    try:
+        logger.warning("From x.py:1: " + tfrecord.DEPRECATION_NOTICE + " and will be removed in a future version.")
+        logger.warning("From x.py:2: some_other_function (from tensorflow.python.foo) is deprecated")
+        path = cifar10.write_tfrecords(str(tmp_path / "r.tfrecords"), *cifar10.synthetic_images(2, 0))
+        assert cifar10.check_tfrecord_files([path]) == [2]
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["From x.py:2: some_other_function (from tensorflow.python.foo) is deprecated"]
