@@ -211,18 +211,15 @@ def test_both_trainers_resolve_data_folders_and_profiles_alike(tmp_path):
 
 def test_the_reader_drops_only_its_own_deprecation_notice(tmp_path):
     """records.tfrecord reads with tf.compat.v1.io.tf_record_iterator (deprecated); the filter on
-    TensorFlow's logger drops that one notice and lets every other message through."""
+    TensorFlow's logger drops that one notice and lets every other message through (the logger's
+    filters asked directly: its level depends on what ran before in this process)."""
     import logging
-    seen = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logger = tf.get_logger()
-    logger.addHandler(handler)
-    try:
-        logger.warning("From x.py:1: " + tfrecord.DEPRECATION_NOTICE + " and will be removed in a future version.")
-        logger.warning("From x.py:2: some_other_function (from tensorflow.python.foo) is deprecated")
-        path = cifar10.write_tfrecords(str(tmp_path / "r.tfrecords"), *cifar10.synthetic_images(2, 0))
-        assert cifar10.check_tfrecord_files([path]) == [2]
-    finally:
-        logger.removeHandler(handler)
-    assert seen == ["From x.py:2: some_other_function (from tensorflow.python.foo) is deprecated"]
+
+    def passes(message):
+        return bool(tf.get_logger().filter(logging.LogRecord("tensorflow", logging.WARNING, "x.py", 1,
+                                                             message, None, None)))
+
+    notice = "From x.py:1: " + tfrecord.DEPRECATION_NOTICE + " and will be removed in a future version."
+    assert not passes(notice)
+    assert passes("From x.py:2: some_other_function (from tensorflow.python.foo) is deprecated")
+    assert passes("any other warning")
