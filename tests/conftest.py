@@ -8,9 +8,9 @@ TensorFlow processes started by tests are small: a few steps, tiny batches.
 Under `-n N`, each test process's TensorFlow (and every program it starts, which inherits the
 environment) gets its share of the cores for its intra-op thread pool, not all of them: two pools
 of two threads on two cores cost more CPU than they save.  Measured on 2 cores, the README's command
-from a clean clone: 675 s wall and 1218 s CPU with TensorFlow's default; 474 s and 873 s with one
-intra-op thread per test process; serially (no -n) 789 s and 958 s.  `TF_NUM_INTRAOP_THREADS` set by
-the caller wins.
+on one clone: 675 s wall and 1218 s CPU with TensorFlow's default; 474 s and 873 s
+with one intra-op thread per test process; serially (no -n) 789 s and 958 s.  From clean clones
+since: 485, 490, 540, 605 and 536 s (a shared machine).  `TF_NUM_INTRAOP_THREADS` set by the caller wins.
 """
 import os
 import subprocess
@@ -39,8 +39,9 @@ def run_program(args, cwd=None, timeout=600):
 
 
 # The slowest modules, slowest first (seconds under the README's command on 2 cores, measured with
-# --durations=0): handed out first, the two processes end within about a module of each other.
-# xdist's own order (most tests first) sent these last.  Any other module follows, in file order.
+# --durations=0) are handed out first, so that the two processes end close together; xdist's own
+# order (most tests first) handed out the one-test compare/run.py module last.  Any other module
+# follows, in file order.
 SLOWEST_FIRST = ("test_compare_cifar",   # ~245 s: the in-process harness and its planted defects
                  "test_legacy_cifar",    # ~140 s: two two-tower graphs, three program runs
                  "test_multiworker",     # ~115 s: five 2-worker clusters
