@@ -447,9 +447,9 @@ def grad_errors(legacy, modern, names=None):
     """
     names = sorted(names or legacy)
     floors = share_floors({n: modern[n] for n in names})
-    for n in names:
+    for n in filter(is_free_bias, names):
         weights = n[:-len("biases")] + "weights"
-        if is_free_bias(n) and weights in modern:
+        if weights in modern:
             floors[n] = max(floors[n], float(np.linalg.norm(np.asarray(modern[weights], np.float64))))
     return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n]), names)
 
