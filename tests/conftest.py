@@ -10,7 +10,7 @@ environment) gets its share of the cores for its intra-op thread pool, not all o
 of two threads on two cores cost more CPU than they save.  Measured on 2 cores, the README's command
 on one clone: 675 s wall and 1218 s CPU with TensorFlow's default; 474 s and 873 s
 with one intra-op thread per test process; serially (no -n) 789 s and 958 s.  From clean clones
-since: 485, 490, 540, 605 and 536 s (a shared machine).  `TF_NUM_INTRAOP_THREADS` set by the caller wins.
+since: 485, 490, 540, 605, 536 and 567 s (a shared machine).  `TF_NUM_INTRAOP_THREADS` set by the caller wins.
 """
 import os
 import subprocess
