@@ -1,10 +1,11 @@
-"""What a program exposes to be judged: one small interface per role, and the programs that fill them.
+"""The modules this repository's two pair adapters (compare/pairs/) drive, one per role, swappable.
 
-The harness never copies or stands in for a program's code: it imports the program's module and
-calls these functions, as the program's own `main` does.  A role is a list of names the module
-must define; each name is documented below by what the harness does with it.  Any module that
-defines them can be judged: `python compare/run.py --program modern_cifar=my_package.my_trainer`
-runs every check against `my_package/my_trainer.py` instead of `modern/cifar_resnet.py`.
+The adapters never copy or stand in for a program's code: they import the program's module and
+call these functions, as the program's own `main` does.  A role is a list of names the module
+must define; each name is documented below by what the adapter does with it.  Any module that
+defines them can take a role: `python compare/run.py --program modern_cifar=my_package.my_trainer`
+runs every check against `my_package/my_trainer.py` instead of `modern/cifar_resnet.py`.  (A program
+written another way is judged through an adapter of its own: compare/interface.py.)
 
     role               default module                 what the harness calls
     legacy_cifar       legacy.cifar_resnet            see ROLES["legacy_cifar"]
@@ -13,14 +14,9 @@ runs every check against `my_package/my_trainer.py` instead of `modern/cifar_res
     legacy_mnist_eval  legacy.mnist_eval
     modern_mnist       modern.mnist_multi_gpu
 
-What the interface does not cover: the CIFAR checks also read the modern model's layers (its
-dropout, batch norms and blocks, by the attribute names of `modern.resnet_v2`), and the MNIST
-checks the Keras model's two dense layers; a third program must build its model from those classes
-or with the same attribute names.
-
-The harness modules (compare/cifar.py, compare/mnist.py) read the programs as attributes of this
-module at call time (`programs.modern_cifar.make_train_step(...)`), so `use()` swaps one for every
-check, and a test that patches a function of the real module (monkeypatch) patches what is judged.
+The adapters read the programs as attributes of this module at call time
+(`programs.modern_cifar.make_train_step(...)`), so `use()` swaps one for every check, and a test that
+patches a function of the real module (monkeypatch) patches what is judged.
 """
 import importlib
 
@@ -31,6 +27,7 @@ ROLES = {
         "build_graph": "the training graph with its towers, as the trainer builds it",
         "make_feed": "the placeholders' feed for one batch (rows, keep_prob, is_training)",
         "tower_split": "how a batch of B rows is cut over the towers (rows per tower, dropped rows)",
+        "describe_split": "the program's own log line about a batch the split does not hand out evenly",
         "session_config": "the trainer's ConfigProto (virtual CPU devices, grappler)",
         "validate": "the trainer's validation pass over a dataset",
         "EMBEDDED_PROFILE": "the flag values of the embedded-data profile (compared with the modern ones)",
@@ -59,6 +56,7 @@ ROLES = {
     "modern_mnist": {
         "parse_args": "argv -> parsed flags",
         "get_input": "the dataset of global batches",
+        "same_batch_on_every_replica": "one batch tiled for every replica (--same_batch_per_replica)",
         "build_model": "the Keras model (its l2 regularisers included)",
         "make_optimizer": "SGD on the decaying learning rate",
         "make_moving_average": "the moving averages of the weights",

@@ -8,10 +8,10 @@ the other), and is summarised by three numbers:
     rel_l2  = ||a - b||_2 / max(||b||_2, tiny)
 
 A check passes when, for every tensor it compares, rel_l2 <= its tolerance, and the worst tensor is
-reported.  The tolerances below are multiples of float32's machine epsilon
-(EPS32 = 2**-23 ~ 1.19e-7), one per kind of computation, with the reasoning next to each:
-round-off in a sum of n float32 terms grows like sqrt(n) * EPS32 for random-signed errors, and
-each layer of a network adds its own.
+reported.  Tolerances are multiples of float32's machine epsilon (EPS32 = 2**-23 ~ 1.19e-7): the
+few that hold for every model are below (STATIC); those that depend on the model are derived for each
+pair from its graph and from floors measured in the same run (`compare.tolerances`), and every report
+prints how each was derived.
 """
 import dataclasses
 import json
@@ -21,20 +21,42 @@ import numpy as np
 
 EPS32 = float(np.finfo(np.float32).eps)
 TINY = 1e-30
+STATUSES = ("PASS", "EXPECTED", "NOT APPLICABLE", "FAIL")
 
-# name -> (rel_l2 tolerance, why).  Printed with every report.
-TOLERANCES = {
-    "exact": (0.0, "bit-for-bit: a copy of the same float32 values (checkpoint round trip, lr schedule)"),
-    "mlp": (64 * EPS32, "784-500-10 MLP: two matmuls of <= 784 terms, error ~ sqrt(784)*EPS32 = 28 EPS32, x2 margin"),
-    "mlp_steps": (1024 * EPS32, "K SGD steps of the MLP: the per-step error above, compounded over K <= 16 steps"),
-    "adam": (16 * EPS32, "one Adam update against its formula in float64 from the same slots: a few float32 "
-                         "roundings of the update, plus one ulp of the stored weight (the floor)"),
-    "chaos": (1.0, "free-running distance legacy-modern / (2 x legacy-perturbed-by-1-ulp), both relative to how far "
-                   "the legacy weights moved: the modern program may not drift faster than round-off does "
-                   "(measured worst ratio: see compare/README.md)"),
-    "resnet": (2048 * EPS32, "ResNet-v2-50 forward/backward, 50+ layers each adding ~sqrt(fan_in <= 4608)*EPS32 "
-                              "~ 68 EPS32, partly damped by batch norm: 2048 EPS32 ~ 2.4e-4"),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """A relative-L2 tolerance, its name, and how it was derived (printed with every report).
+
+    The ones a pair's checks use are derived from its model and from floors measured in the same
+    run (`compare.tolerances`); the few below are the same for every pair."""
+    name: str
+    rel_l2: float
+    derivation: str
+
+
+# The tolerances that do not depend on the model (a pair's derived ones: compare.tolerances).
+STATIC = {t.name: t for t in (
+    Tolerance("exact", 0.0, "bit for bit: a copy of the same float32 values (checkpoints, pipelines, counters)"),
+    Tolerance("optimizer", 16 * EPS32, "one optimizer update against its formula in float64 from the same "
+                                       "slots: a few float32 roundings of the update (16 eps32), with floors of "
+                                       "one ulp of the stored weight and the ulps of the slots a gradient is "
+                                       "read back from"),
+    Tolerance("schedule", 4 * EPS32, "a learning-rate schedule in float32: a pow, a division and a product "
+                                     "round to within a few ulps (4 eps32)"),
+    Tolerance("chaos", 1.0, "free-running distance legacy-modern over FACTOR x the distance between the legacy "
+                            "program and itself started 1 ulp away (the system's own sensitivity, measured in "
+                            "this run): the port may not drift faster than round-off does"),
+    Tolerance("mlp_steps", 1024 * EPS32, "K SGD steps of the 784-500-10 MLP (compare/multiworker.py): "
+                                         "per-step round-off ~sqrt(784) eps32, compounded over K <= 16 steps"),
+)}
+# Kept for callers that look a static tolerance up by name: {name: (rel_l2, derivation)}.
+TOLERANCES = {t.name: (t.rel_l2, t.derivation) for t in STATIC.values()}
+
+
+def tolerance_of(tolerance):
+    """A Tolerance, from itself or from a STATIC name."""
+    return tolerance if isinstance(tolerance, Tolerance) else STATIC[tolerance]
 
 
 @dataclasses.dataclass
@@ -91,13 +113,15 @@ def share_floors(tensors):
 class Result:
     """The outcome of one check.
 
-    status: PASS, FAIL or EXPECTED (a known TF1/TF2 difference whose *prediction* held).
+    status: PASS, FAIL, EXPECTED (a known TF1/TF2 difference whose *prediction* held) or
+      NOT APPLICABLE (the pair does not have what the check judges; the note says why).
     errors: every tensor compared; the worst (by rel_l2 / tolerance) is reported.
+    tolerance: the Tolerance the errors were judged against.
     """
     check: str
     model: str
     status: str
-    tolerance: str
+    tolerance: Tolerance
     errors: list
     note: str = ""
     extra: dict = dataclasses.field(default_factory=dict)
@@ -112,7 +136,8 @@ class Result:
         worst = self.worst
         return {
             "check": self.check, "model": self.model, "status": self.status,
-            "tolerance": self.tolerance, "tolerance_rel_l2": TOLERANCES[self.tolerance][0],
+            "tolerance": self.tolerance.name, "tolerance_rel_l2": self.tolerance.rel_l2,
+            "tolerance_derivation": self.tolerance.derivation,
             "worst": worst.as_dict() if worst else None, "note": self.note,
             "num_tensors": len(self.errors), "errors": [e.as_dict() for e in self.errors],
             "extra": self.extra,
@@ -122,41 +147,54 @@ class Result:
 def judge(check, model, errors, tolerance, expected=False, note="", extra=None, ok=None):
     """Build a Result: PASS (or EXPECTED) when every error is within tolerance, else FAIL.
 
-    `ok` overrides the tolerance test for checks whose pass condition is not an error bound
-    (for example "the loss is NaN"); it must still be computed from measured values.
+    tolerance: a Tolerance or the name of a STATIC one.  `ok` overrides the tolerance test for
+    checks whose pass condition is not an error bound (for example "the loss is NaN"); it must still
+    be computed from measured values.
     """
-    limit = TOLERANCES[tolerance][0]
-    within = all(e.rel_l2 <= limit for e in errors) if ok is None else bool(ok)
+    tolerance = tolerance_of(tolerance)
+    within = all(e.rel_l2 <= tolerance.rel_l2 for e in errors) if ok is None else bool(ok)
     if not errors and ok is None:
         within = False  # a check that compared nothing proves nothing
     status = ("EXPECTED" if expected else "PASS") if within else "FAIL"
     return Result(check, model, status, tolerance, list(errors), note, dict(extra or {}))
 
 
+def not_applicable(check, model, reason):
+    """A check the pair gives nothing to judge with: never a PASS."""
+    return Result(check, model, "NOT APPLICABLE", STATIC["exact"], [], reason)
+
+
 # ---------------------------------------------------------------------------------------------
 # Output
 
 def format_table(results, seconds=None):
-    """The stdout table: one line per check, then the tolerance table."""
-    head = f"{'check':<44} {'model':<6} {'status':<9} {'worst tensor':<58} {'max_abs':>9} {'max_rel':>9} {'rel_l2':>9} {'tol':>9}"
+    """The stdout table: one line per check, then the tolerances the checks used, with their derivations."""
+    head = (f"{'check':<46} {'model':<8} {'status':<9} {'worst tensor':<56} {'max_abs':>9} {'max_rel':>9} "
+            f"{'rel_l2':>9} {'tol':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         w = r.worst
-        tol = TOLERANCES[r.tolerance][0]
+        tol = r.tolerance.rel_l2
+        status = "N/A" if r.status == "NOT APPLICABLE" else r.status
         if w is None:
-            lines.append(f"{r.check:<44} {r.model:<6} {r.status:<9} {'-':<58} {'':>9} {'':>9} {'':>9} {tol:>9.2e}")
+            lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {'-':<56} {'':>9} {'':>9} {'':>9} "
+                         + (f"{tol:>9.2e}" if r.status != "NOT APPLICABLE" else ""))
         else:
-            name = w.name if len(w.name) <= 58 else "..." + w.name[-55:]
-            lines.append(f"{r.check:<44} {r.model:<6} {r.status:<9} {name:<58} {w.max_abs:>9.2e} "
+            name = w.name if len(w.name) <= 56 else "..." + w.name[-53:]
+            lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {name:<56} {w.max_abs:>9.2e} "
                          f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {tol:>9.2e}")
         if r.note:
-            lines.append(f"{'':<44} {'':<6} {'':<9} note: {r.note}")
+            lines.append(f"{'':<46} {'':<8} {'':<9} {'why: ' if r.status == 'NOT APPLICABLE' else 'note: '}{r.note}")
     lines.append("")
-    lines.append("Tolerances (relative L2 error, float32 eps = %.3g):" % EPS32)
-    for name, (tol, why) in TOLERANCES.items():
-        lines.append(f"  {name:<13} {tol:9.2e}  {why}")
-    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "EXPECTED", "FAIL")}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    lines.append("Tolerances (relative L2 error, float32 eps = %.3g), as each check derived them:" % EPS32)
+    seen = {}
+    for r in results:
+        if r.status != "NOT APPLICABLE":
+            seen.setdefault((r.model, r.tolerance.name, r.tolerance.rel_l2), r.tolerance)
+    for (model, name, value), t in sorted(seen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        lines.append(f"  {model:<8} {name:<12} {value:9.2e}  {t.derivation}")
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s != "NOT APPLICABLE")
     if seconds is not None:
         summary += f"; run time {seconds:.1f} s"
     lines.append("")
@@ -166,16 +204,15 @@ def format_table(results, seconds=None):
 
 def write_json(path, results, meta):
     with open(path, "w") as f:
-        json.dump({"meta": meta, "results": [r.as_dict() for r in results],
-                   "tolerances": {k: {"rel_l2": v[0], "why": v[1]} for k, v in TOLERANCES.items()}},
-                  f, indent=2, default=float)
+        json.dump({"meta": meta, "results": [r.as_dict() for r in results]}, f, indent=2, default=float)
 
 
 def read_json(path):
     """The results `write_json` wrote, as Result objects."""
     with open(path) as f:
         data = json.load(f)
-    return [Result(d["check"], d["model"], d["status"], d["tolerance"],
+    return [Result(d["check"], d["model"], d["status"],
+                   Tolerance(d["tolerance"], d["tolerance_rel_l2"], d.get("tolerance_derivation", "")),
                    [TensorError(**e) for e in d["errors"]], d["note"], d["extra"]) for d in data["results"]]
 
 
@@ -190,7 +227,7 @@ def write_plot(path, results):
     import matplotlib.pyplot as plt
 
     steps = [r for r in results if "losses" in r.extra]
-    grads = [r for r in results if r.check in ("gradients (read out of the train step)", "deviation: gradients of every step")]
+    grads = [r for r in results if r.check.endswith("gradients (read out of the train step)")]
     fig, axes = plt.subplots(2, max(1, len(steps), len(grads)), figsize=(12, 8), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
@@ -205,7 +242,7 @@ def write_plot(path, results):
         ax.set_visible(True)
         errs = [max(e.rel_l2, 1e-12) for e in r.errors]
         ax.semilogy(range(len(errs)), errs, ".")
-        ax.axhline(TOLERANCES[r.tolerance][0], color="r", lw=0.8, label="tolerance")
+        ax.axhline(r.tolerance.rel_l2, color="r", lw=0.8, label="tolerance")
         ax.set_title(f"{r.model}: gradient rel. L2 error per variable\n(input -> output; exact 0 drawn at 1e-12)",
                      fontsize=10)
         ax.set_xlabel("variable index")

@@ -126,8 +126,14 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     # the original's parser (raw 0..255 pixel floats), over a batch of records at once
     dataset = dataset.map(mnist_records.parse_batch)
     if same_batch_per_replica:
-        dataset = dataset.map(lambda x, y: (tf.tile(x, [num_replicas, 1]), tf.tile(y, [num_replicas])))
+        dataset = dataset.map(lambda x, y: same_batch_on_every_replica(x, y, num_replicas))
     return dataset.skip(skip_batches).prefetch(2)
+
+
+def same_batch_on_every_replica(x, labels, num_replicas):
+    """One batch tiled num_replicas times: the strategy's cut (ceil(rows / N) in order) then hands
+    every replica the same rows, as the original feeds its one batch to every tower."""
+    return tf.tile(x, [num_replicas, 1]), tf.tile(labels, [num_replicas])
 
 
 def check_data(data_path, eval_data_path):

@@ -94,8 +94,8 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
     the mean of the proposals,
         moving <- moving - (moving - mean_i(a_i)) * (1 - decay)      (a_i: replica i's statistic),
     one update per step from all rows.  The legacy towers instead apply N updates per step to one
-    shared variable, in whatever order the TF1 executor runs them; `compare/cifar.py` checks both
-    formulas (an EXPECTED difference of order (1 - decay)**2).
+    shared variable, in whatever order the TF1 executor runs them; the parity harness
+    (`compare/checks/steps.py`) checks both formulas (an EXPECTED difference of order (1 - decay)**2).
     A replica with no rows (a global batch smaller than the replica count) proposes "no change".
     """
 
@@ -203,8 +203,8 @@ class ReplicaDropout(keras.layers.Dropout):
     masks.  Keras 3's Dropout draws `stateless_dropout(x, rate, seed=seed_generator.next())`, and
     under MirroredStrategy the seed generator's state is a mirrored variable: every replica reads
     the same seed, so replicas with the same row count drop the SAME units (measured: identical
-    masks on 2 replicas; `compare/cifar.py` checks the masks differ).  Here the replica's id is
-    folded into the seed:  seed_i = stateless_fold_in(seed, replica_id).  Per row the mask is
+    masks on 2 replicas; the parity harness, `compare/checks/forward.py`, checks the masks differ).
+    Here the replica's id is folded into the seed:  seed_i = stateless_fold_in(seed, replica_id).  Per row the mask is
     still keep with probability 1 - rate, scaled by 1 / (1 - rate), as slim's.
     """
 

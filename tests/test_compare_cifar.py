@@ -1,10 +1,13 @@
-"""The CIFAR parity harness passes on the real programs and FAILS, in the right check, on planted defects.
+"""The parity harness on the CIFAR pair: it passes on the real programs and FAILS, in the right check,
+on planted defects.
 
-One legacy graph and one modern model are built for the module (the slow part).  Each defect is
-planted in the code the program runs (a layer attribute, a module function, the optimizer), on
-either side, for the length of one test, and the test asserts which check fails and which still pass.
-Every check sets the state it starts from, so the tests pass alone and in any order.
+Both pairings are built once for the module (the slow part): the original's split and
+--split=weighted (whose legacy graph shares the modern model).  Each defect is planted in the code a
+program runs (a layer attribute, a module function, the optimizer), on either side, for the length of
+one test, and the test asserts which check fails and which still pass.  Every check sets the state it
+starts from, so the tests pass alone and in any order.
 """
+import copy
 import dataclasses
 
 import keras
@@ -19,69 +22,99 @@ try:  # before TensorFlow's runtime starts: pytest imports every test module fir
 except DeviceSetupError:
     pass
 
-from compare import cifar as compare_cifar  # noqa: E402
+from compare import harness, sides as sides_module  # noqa: E402
+from compare.checks import basics, forward, splits, steps  # noqa: E402
+from compare.checks.forward import grad_errors  # noqa: E402
+from compare.interface import StepResult  # noqa: E402
+from compare.pairs import cifar_resnet as cifar_pair  # noqa: E402
 from compare.report import tensor_error  # noqa: E402
 from legacy import cifar_resnet as legacy_cifar  # noqa: E402
 from modern import cifar_resnet as modern_cifar  # noqa: E402
 from modern import resnet_v2  # noqa: E402
 
+SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4)
+
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
-    cfg = compare_cifar.default_config(2, quick=True)
-    cfg.weighted = True  # the split checks against the legacy --split=weighted graph too
-    cfg.free_steps = 4   # and a short free-running run (the default runs 20)
-    h = compare_cifar.setup(cfg, str(tmp_path_factory.mktemp("cifar_harness")), log=lambda *_: None)
-    yield h
-    compare_cifar.close(h)
+def built(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("cifar_harness"))
+    files = harness.write_files(cifar_pair.PAIR, SETTINGS, tmp)
+    pairings = harness.build_pairings(cifar_pair.PAIR, SETTINGS, files, tmp, log=lambda *_: None)
+    yield pairings
+    for sides, _ in pairings:
+        sides.close()
+
+
+@pytest.fixture
+def sides(built):
+    return built[0][0]
 
 
 def by_check(results):
     return {r.check: r for r in results}
 
 
-def with_train_step(h):
-    """The harness with the modern train step traced again (after a planted change it must see)."""
-    m = h.modern
-    step = modern_cifar.make_train_step(m.model, m.optimizer, m.strategy, return_metrics=True, element_spec=m.spec)
-    return dataclasses.replace(h, modern=dataclasses.replace(m, train_step=step, draw=None))
+def failed(results):
+    return sorted(r.check for r in results if r.status == "FAIL")
 
 
-def test_harness_passes_on_the_real_programs(harness):
-    results = by_check(compare_cifar.run_checks(harness, log=lambda *_: None))
-    assert [name for name, r in results.items() if r.status == "FAIL"] == []
-    assert {name for name, r in results.items() if r.status == "EXPECTED"} == {
+def retraced(sides):
+    """The pairing with the modern train step traced again (after a planted change it must see)."""
+    build = sides.modern.build
+    step = modern_cifar.make_train_step(build.model, build.optimizer, build.strategy, return_metrics=True,
+                                        element_spec=build.spec)
+    modern = copy.copy(sides.modern)
+    modern.build = dataclasses.replace(build, train_step=lambda element: StepResult(step(element)[0]))
+    modern._draw = None
+    return dataclasses.replace(sides, modern=modern)
+
+
+def test_harness_passes_on_the_real_programs(built):
+    results = []
+    for sides, groups in built:
+        results += harness.run_groups(sides, groups, SETTINGS, log=lambda *_: None)
+    results += cifar_pair.extra_checks(built[0][0], SETTINGS, lambda *_: None)
+    checks = by_check(results)
+    assert failed(results) == []
+    assert {name for name, r in checks.items() if r.status == "EXPECTED"} == {
         "validation (validate)", "split: remainder dropped", "split: fewer rows than towers",
-        "split: --split=static (seed bug)", "bn moving statistics"}
+        "split: --split=static (seed bug)", "bn moving statistics", "legacy on TF1's runtime: bn moving statistics"}
+    assert {name for name, r in checks.items() if r.status == "NOT APPLICABLE"} == {
+        "moving averages", "evaluation (one checkpoint)"}
+    assert checks["legacy on TF1's runtime: loss and gradients"].status == "PASS"
     # Not vacuous: every trainable variable's gradient compared, the steps crossed both default
-    # boundaries, and each side's Adam update was checked for every variable at every step.
-    assert len(results["gradients (read out of the train step)"].errors) == 174
-    assert len(results["checkpoint round trip"].errors) == 272
-    steps = results["2 training steps: loss and gradients"]
-    assert [e.name for e in steps.errors[:2]] == ["loss at step 10000", "loss at step 25001"]
-    assert len(results["2 training steps: Adam on each side"].errors) == 2 * 2 * 2 * 174
-    assert results["split: --split=weighted (uneven)"].status == "PASS"
-    free = results["4 free-running steps (chaos floor)"].extra["losses"]
+    # boundaries, and each side's Adam update and v were checked for every variable at every step.
+    assert len(checks["gradients (read out of the train step)"].errors) == 174
+    assert len(checks["checkpoint round trip"].errors) == 272
+    assert [e.name for e in checks["2 training steps: loss and gradients"].errors[:2]] == [
+        "loss at step 10000", "loss at step 25001"]
+    assert len(checks["2 training steps: optimizer on each side"].errors) == 2 * 2 * 174 * 2
+    assert checks["--split=weighted: split: uneven batch"].status == "PASS"
+    assert checks["--split=weighted: split: legacy towers fed the replicas' rows (uneven batch)"].status == "PASS"
+    free = checks["4 free-running steps (chaos floor)"].extra["losses"]
     assert len(set(np.round(free["legacy"], 5))) == 4
+    # The derived model tolerance: from the logits' 1-ulp input sensitivity (ResNet-v2-50: ~1.6e-6).
+    model = built[0][0].tolerances["model"]
+    assert 1e-5 < model.rel_l2 < 1e-3 and "1-ulp input sensitivity" in model.derivation
 
 
-def test_a_free_conv_bias_is_judged_against_its_layers_weight_gradient():
+def test_a_free_bias_is_judged_against_its_layers_weight_gradient():
     """Round-off in a zero-gradient bias, larger than its own norm and than its even share of the
     network's, but small against its layer's weight gradient, passes; without that weight gradient
     beside it the same difference fails, and so does a real difference of the weight gradient's scale."""
     rng = np.random.default_rng(0)
     unit = lambda *shape: (lambda t: t / np.linalg.norm(t))(rng.normal(size=shape)).astype(np.float32)  # noqa: E731
     # As measured at 3 towers: a whole-network gradient spread over many weights, conv1's weight
-    # gradient ~1e8, its free bias ~1e2 per element on each side and ~1e3 apart in norm.
-    rest, weights = 1e8 * unit(4_000_000), 1e8 * unit(7, 7, 3, 64)
+    # gradient ~3.5e9, its free bias ~1e2 per element on each side and ~1e3 apart in norm.
+    rest, weights = 1e8 * unit(4_000_000), 3.5e9 * unit(7, 7, 3, 64)
     bias, noise = 800 * unit(64), 1e3 * unit(64)
-    name, tol = "resnet_v2_50/conv1/biases", compare_cifar.TOLERANCES["resnet"][0]
+    name, tol = "resnet_v2_50/conv1/biases", 8e-5
 
     def error(legacy_bias, with_weights=True):
         modern = {name: bias, "resnet_v2_50/block4/unit_3/bottleneck_v2/conv3/weights": rest,
                   **({"resnet_v2_50/conv1/weights": weights} if with_weights else {})}
         legacy = dict(modern, **{name: legacy_bias})
-        return {e.name: e.rel_l2 for e in compare_cifar.grad_errors(legacy, modern)}[name]
+        return {e.name: e.rel_l2 for e in grad_errors(legacy, modern)}[name]
 
     assert error(bias + noise) < tol
     assert error(bias + noise, with_weights=False) > tol
@@ -93,39 +126,34 @@ def test_nan_on_both_sides_is_not_agreement():
     assert tensor_error("x", [1.0, 2.0], [1.0, 2.0]).rel_l2 == 0.0
 
 
-def test_dropout_given_the_keep_probability_as_its_rate_fails_the_dropout_check(harness, monkeypatch):
+def test_dropout_given_the_keep_probability_as_its_rate_fails_the_dropout_check(sides, monkeypatch):
     # The classic port mistake: keras Dropout(keep_prob) where slim.dropout took keep_prob.
-    monkeypatch.setattr(harness.modern.model.dropout, "rate", harness.legacy.args.keep_prob)
-    result = compare_cifar.check_dropout(dataclasses.replace(harness, modern=dataclasses.replace(
-        harness.modern, draw=None)))
+    monkeypatch.setattr(sides.modern.dropouts[0], "rate", sides.legacy.flags.keep_prob)
+    result = forward.check_dropout(sides)
     assert result.status == "FAIL"
     kept = {e.name.split(" (")[0]: e.max_abs for e in result.errors}
-    assert kept["modern kept fraction"] > 0.15 and kept["legacy kept fraction"] < 1e-3  # kept 0.4, not 0.6
+    assert kept["modern dropout 0 kept fraction"] > 0.15 and kept["legacy dropout 0 kept fraction"] < 1e-3
+    assert basics.check_config(sides).status == "FAIL"  # the rate the model was built with, too
 
 
-def test_keras_dropout_with_one_mask_for_all_replicas_fails_the_dropout_check(harness, monkeypatch):
+def test_keras_dropout_with_one_mask_for_all_replicas_fails_the_dropout_check(sides, monkeypatch):
     # Keras 3's own Dropout under MirroredStrategy: every replica draws the same mask.
     monkeypatch.setattr(resnet_v2.ReplicaDropout, "call", keras.layers.Dropout.call)
-    result = compare_cifar.check_dropout(dataclasses.replace(harness, modern=dataclasses.replace(
-        harness.modern, draw=None)))
+    result = forward.check_dropout(sides)
     assert result.status == "FAIL"
-    agreement = [e for e in result.errors if e.name.startswith("modern mask agreement")]
+    agreement = [e for e in result.errors if e.name.startswith("modern dropout 0 mask agreement")]
     assert agreement and agreement[0].max_abs > 0.4  # identical masks agree everywhere, not on 52%
 
 
-def test_batch_norm_epsilon_of_keras_fails_config_and_inference(harness, monkeypatch):
-    bns = [harness.modern.model.postnorm] + [
-        bn for units in harness.modern.model.blocks for u in units for bn in (u.preact, u.conv1_bn, u.conv2_bn)]
-    for bn in bns:
+def test_batch_norm_epsilon_of_keras_fails_config_and_inference(sides, monkeypatch):
+    for bn in sides.modern.batch_norms:  # found by type, as the harness finds them
         monkeypatch.setattr(bn, "epsilon", 1e-3)  # Keras' default
-    x, y = harness.xs[-1], harness.ys[-1]
-    assert compare_cifar.check_config(harness).status == "FAIL"
-    result = compare_cifar.check_inference(harness, x, y)
-    logits = next(e for e in result.errors if e.name == "logits")
-    assert result.status == "FAIL" and logits.rel_l2 > 1e-3
+    assert basics.check_config(sides).status == "FAIL"
+    result = forward.check_inference(sides)
+    assert result.status == "FAIL" and result.worst.rel_l2 > 1e-3
 
 
-def test_one_replica_slice_shifted_by_a_row_fails_the_training_forward_pass(harness, monkeypatch):
+def test_one_replica_slice_shifted_by_a_row_fails_the_training_forward_pass(sides, monkeypatch):
     real = modern_cifar.spread_short_batch
 
     def shifted(x, y, num_replicas):
@@ -134,45 +162,47 @@ def test_one_replica_slice_shifted_by_a_row_fails_the_training_forward_pass(harn
         return real(x, y, num_replicas)
 
     monkeypatch.setattr(modern_cifar, "spread_short_batch", shifted)
-    results = by_check(compare_cifar.check_training(harness, harness.xs[-1], harness.ys[-1]))
+    results = by_check(forward.check_training(sides))
     assert results["forward (training, same dropout masks)"].status == "FAIL"
     assert results["gradients (read out of the train step)"].status == "FAIL"
 
 
-def test_legacy_average_gradients_that_sums_fails_the_gradient_check(harness, monkeypatch, tmp_path):
+def test_legacy_average_gradients_that_sums_fails_the_gradient_check(sides, monkeypatch, tmp_path):
     # The legacy side is judged too: an average_gradients that forgets to divide by the towers.
     def summed(tower_grads):
         return [(tf.add_n([g for g, _ in pairs]), pairs[0][1]) for pairs in zip(*tower_grads)]
 
     monkeypatch.setattr(legacy_cifar, "average_gradients", summed)
-    legacy = compare_cifar.build_legacy(harness.cfg, harness.files, str(tmp_path), start_path=harness.legacy.start_path)
+    with basics.shuffle_off():
+        planted = sides_module.build(sides.pair, sides.pairing, 2, sides.files, str(tmp_path), start_path=sides.start_path,
+                                     modern=sides.modern, log=lambda *_: None)
+    planted.tolerances, planted.spread = sides.tolerances, sides.spread
     try:
-        results = by_check(compare_cifar.check_training(dataclasses.replace(harness, legacy=legacy),
-                                                        harness.xs[-1], harness.ys[-1]))
+        results = by_check(forward.check_training(planted))
     finally:
-        legacy.sess.close()
+        planted.close()
     assert results["forward (training, same dropout masks)"].status == "PASS"
     gradients = results["gradients (read out of the train step)"]
     assert gradients.status == "FAIL" and gradients.worst.rel_l2 > 0.5  # legacy = 2 x modern
 
 
-def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_check(harness, monkeypatch):
+def test_a_gradient_scaled_by_1_001_inside_the_train_step_fails_the_gradient_check(sides, monkeypatch):
     real = modern_cifar.replica_gradients
-    fc_kernel = harness.modern.names["Logits/fc/weights"]
-    index = [id(v) for v in harness.modern.model.trainable_variables].index(id(fc_kernel))
+    fc_kernel = sides.modern.names["Logits/fc/weights"]
+    index = [id(v) for v in sides.modern.model.trainable_variables].index(id(fc_kernel))
 
     def scaled(*args, **kwargs):
         loss, grads, logits = real(*args, **kwargs)
         return loss, [g * 1.001 if i == index else g for i, g in enumerate(grads)], logits
 
     monkeypatch.setattr(modern_cifar, "replica_gradients", scaled)
-    results = by_check(compare_cifar.check_training(with_train_step(harness), harness.xs[-1], harness.ys[-1]))
+    results = by_check(forward.check_training(retraced(sides)))
     assert results["forward (training, same dropout masks)"].status == "PASS"
     gradients = results["gradients (read out of the train step)"]
     assert gradients.status == "FAIL" and gradients.worst.name == "Logits/fc/weights"
 
 
-def test_loss_averaged_over_each_replicas_own_rows_fails_the_gradient_check(harness, monkeypatch):
+def test_loss_averaged_over_each_replicas_own_rows_fails_the_gradient_check(sides, monkeypatch):
     """The classic migration mistake: each replica's loss is the mean over ITS rows (Keras'
     `compute_average_loss` without the global batch), so the SUM over 2 replicas doubles the loss
     and every gradient.  Planted where the program counts the step's rows; caught by the loss the
@@ -181,50 +211,51 @@ def test_loss_averaged_over_each_replicas_own_rows_fails_the_gradient_check(harn
         return tf.cast(rows, tf.int32) if weights is None else tf.cast(tf.round(tf.reduce_sum(weights)), tf.int32)
 
     monkeypatch.setattr(modern_cifar, "_global_rows", local_rows)
-    results = by_check(compare_cifar.check_training(with_train_step(harness), harness.xs[-1], harness.ys[-1]))
-    forward, gradients = results["forward (training, same dropout masks)"], results["gradients (read out of the train step)"]
-    assert forward.status == "FAIL" and forward.worst.max_rel == pytest.approx(0.5, abs=1e-3)  # legacy = modern / 2
+    results = by_check(forward.check_training(retraced(sides)))
+    forward_pass = results["forward (training, same dropout masks)"]
+    gradients = results["gradients (read out of the train step)"]
+    assert forward_pass.status == "FAIL" and forward_pass.worst.max_rel == pytest.approx(0.5, abs=1e-3)
     assert gradients.status == "FAIL" and gradients.worst.max_rel > 0.4
 
 
-def restart_steps(h, steps=(10000,)):
+def restart(sides, at=(10000,)):
     """The restart-per-step checks at the first default boundary, with the train step traced again."""
-    h = with_train_step(h)
-    return by_check(compare_cifar.check_training_steps(h, h.xs, h.ys, list(steps)))
+    return by_check(steps.check_training_steps(retraced(sides), len(at), steps_at=list(at)))
 
 
-def test_schedule_one_step_ahead_fails_only_the_lr_check(harness, monkeypatch):
+def test_schedule_one_step_ahead_fails_only_the_lr_check(sides, monkeypatch):
     # A step counter off by one: the modern schedule reads iterations + 1.
     real = keras.optimizers.schedules.PiecewiseConstantDecay.__call__
     monkeypatch.setattr(keras.optimizers.schedules.PiecewiseConstantDecay, "__call__",
                         lambda self, step: real(self, step + 1))
-    results = restart_steps(harness)
-    assert [name for name, r in results.items() if r.status == "FAIL"] == ["lr schedule (default boundaries)"]
-    assert results["lr schedule (default boundaries)"].worst.name == "lr at step 10000"
+    results = restart(sides)
+    assert [name for name, r in results.items() if r.status == "FAIL"] == ["lr schedule"]
+    wrong = {e.name for e in results["lr schedule"].errors if e.max_abs > 0}
+    assert "lr at step 10000" in wrong and "lr at step 25000 (probed)" in wrong  # the boundaries, one step early
 
 
-def test_adam_with_keras_default_epsilon_fails_only_the_adam_check(harness, monkeypatch):
-    monkeypatch.setattr(harness.modern.optimizer, "epsilon", 1e-7)
-    results = restart_steps(harness)
-    assert [name for name, r in results.items() if r.status == "FAIL"] == ["1 training step: Adam on each side"]
-    assert results["1 training step: Adam on each side"].worst.name.startswith("modern")
+def test_adam_with_keras_default_epsilon_fails_only_the_optimizer_check(sides, monkeypatch):
+    monkeypatch.setattr(sides.modern.optimizer, "epsilon", 1e-7)
+    results = restart(sides)
+    assert [name for name, r in results.items() if r.status == "FAIL"] == ["1 training step: optimizer on each side"]
+    assert results["1 training step: optimizer on each side"].worst.name.startswith("modern")
 
 
-def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(harness, monkeypatch):
+def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(sides, monkeypatch):
     # Keras' default momentum 0.99 instead of slim's decay 0.997, inside an EXPECTED check.
-    for units in harness.modern.model.blocks:
+    for units in sides.modern.model.blocks:
         for unit in units:
             monkeypatch.setattr(unit.conv1_bn, "momentum", 0.99)
-    results = restart_steps(harness, steps=(0,))
+    results = restart(sides, at=(0,))
     assert [name for name, r in results.items() if r.status == "FAIL"] == ["bn moving statistics"]
     assert "conv1/BatchNorm/moving" in results["bn moving statistics"].worst.name
 
 
-def test_replica_slices_of_floor_size_fail_the_split_checks(harness, monkeypatch):
+def test_replica_slices_of_floor_size_fail_the_split_checks(sides, monkeypatch):
     """The input path the program runs (`modern.cluster.distribute`) cutting B rows into replica
     batches of floor(B/N) rows, a common hand-written split: the remainder rows are lost, as in the
-    legacy fix, so the uneven-batch check whose prediction is "the modern program keeps every row"
-    fails; an even batch is cut the same either way, so the training checks still pass."""
+    legacy fix, so the uneven-batch check, whose prediction is that the modern program keeps every
+    row, fails; an even batch is cut the same either way, so the training checks still pass."""
     from modern import cluster
 
     def floor_split(self, batch):
@@ -238,8 +269,5 @@ def test_replica_slices_of_floor_size_fail_the_split_checks(harness, monkeypatch
         return self.strategy.experimental_distribute_values_from_function(part)
 
     monkeypatch.setattr(cluster.ReplicaBatches, "split", floor_split)
-    splits = compare_cifar.check_splits(harness, harness.xs[-1], harness.ys[-1])
-    failed = [r.check for r in splits if r.status == "FAIL"]
-    assert "split: remainder dropped" in failed, failed
-    training = by_check(compare_cifar.check_training(harness, harness.xs[-1], harness.ys[-1]))
-    assert {r.status for r in training.values()} == {"PASS"}
+    assert "split: remainder dropped" in failed(splits.check_splits(sides))
+    assert {r.status for r in forward.check_training(sides)} == {"PASS"}

@@ -1,0 +1,111 @@
+"""Moving averages of the variables (tf.train.ExponentialMovingAverage and its ports).
+
+The legacy graph's own decay is read from the graph (the `1 - decay` tensor its shadow updates
+multiply by, evaluated with the global step set to n), so the warm-up `min(decay, (1 + n)/(10 + n))`
+of `num_updates`, or its absence, is the program's, not a formula of the harness:
+
+    shadow <- shadow - (1 - d(n)) (shadow - w)
+
+Both sides train freely for K steps, half from step 0 (inside the warm-up) and half from a step past
+it (found from the same tensor: the first n with d(n) = d(infinity)), where the decay itself shows.
+At every step each side's shadow update is predicted from its own values:
+  legacy, when its averaging is ordered after the update (the apply op is an ancestor of the
+    shadow's update): w after, n + 1;  when unordered (EXPECTED): one of the four schedules,
+    w before or after the update, the step read before or after its increment;
+  modern: w after, its iterations after the step, with the LEGACY decay function.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compare import tf1_graph
+from compare.report import judge, not_applicable, tensor_error
+
+FAR = 10 ** 9
+
+
+def decay_function(sides):
+    """(d(n) from the legacy graph, whether the legacy averaging runs after the update)."""
+    legacy = sides.legacy
+    name = sorted(legacy.shadows)[0]
+    op, _, one_minus = tf1_graph.shadow_update(legacy.graph, legacy.shadows[name])
+    ordered = legacy.updates[name].op in tf1_graph.ancestors([op])
+    one_minus_at = tf1_graph.StepFunction(legacy.graph, one_minus, legacy.global_step_var)
+    return (lambda n: 1.0 - one_minus_at(n)), ordered
+
+
+def past_warm_up(d):
+    """The first global step from which the decay is its final value (bisection), plus ten."""
+    final = d(FAR)
+    if d(0) == final:
+        return 10
+    lo, hi = 0, FAR
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if d(mid) != final else (lo, mid)
+    return hi + 10
+
+
+def candidates(shadow, w_before, w_after, n_before, d):
+    out = {}
+    for w_name, w in (("w before", w_before), ("w after", w_after)):
+        for n_name, n in (("step before", n_before), ("step after", n_before + 1)):
+            out[f"{w_name}, {n_name}"] = shadow - (1 - d(n)) * (shadow - w)
+    return out
+
+
+def check_moving_averages(sides, steps):
+    name = f"{sides.label}moving averages"
+    legacy, modern = sides.legacy, sides.modern
+    if "moving_averages" not in sides.pair.capabilities or not legacy.shadows or not modern.shadows:
+        return [not_applicable(name, sides.pair.name, "the adapter declares no moving averages "
+                                                      "(capability 'moving_averages')")]
+    d, ordered = decay_function(sides)
+    late = past_warm_up(d)
+    tol = sides.tolerances["optimizer"]
+    half = max(1, steps // 2)
+    start = sides.start
+    sides.set_both(start)
+    names = sorted(legacy.shadows)
+    errors, gaps, seen = [], [], {}
+    for k in range(steps):
+        if k == half:
+            legacy.set_step(late)
+            modern.optimizer.iterations.assign(late)
+        before_l = legacy.state()
+        before_m = modern.snapshot()
+        n_m = float(modern.iterations())
+        batch = sides.batch(seed=300 + k)
+        out_m = modern.step(batch, before=before_m)
+        _, tower_feed = legacy.feed(batch, True)
+        legacy.train(batch, sides.tower_masks(batch, tower_feed.rows, out_m["masks"], out_m["replicas"]))
+        after_l = legacy.state()
+        after_wm, after_sm = modern.weights(names), modern.shadow_values()
+        for n in names:
+            s0 = before_l.shadows[n].astype(np.float64)
+            cands = candidates(s0, before_l.weights[n], after_l.weights[n], float(before_l.step), d)
+            # The shadow is stored in float32: its update is a small difference of near-equal
+            # numbers, so 2 ulps of the shadow per element count as exactly the tolerance.
+            floor = 2 * np.linalg.norm(np.spacing(np.abs(before_l.shadows[n]))) / tol.rel_l2
+            gaps.append(tensor_error("", cands["w before, step before"] - s0, cands["w after, step after"] - s0,
+                                     floor).rel_l2)
+            if ordered:
+                best = "w after, step after"
+            else:
+                best = min(cands, key=lambda c: np.linalg.norm(after_l.shadows[n] - cands[c]))
+                seen[best] = seen.get(best, 0) + 1
+            errors.append(tensor_error(f"step {k}: legacy {n} shadow update ({best})", after_l.shadows[n] - s0,
+                                       cands[best] - s0, floor))
+            m0 = before_m.shadows[n].astype(np.float64)
+            predicted = candidates(m0, before_m.weights[n], after_wm[n], n_m, d)["w after, step after"]
+            floor_m = 2 * np.linalg.norm(np.spacing(np.abs(before_m.shadows[n]))) / tol.rel_l2
+            errors.append(tensor_error(f"step {k}: modern {n} shadow update", after_sm[n] - m0, predicted - m0, floor_m))
+    regimes = f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"
+    if ordered:
+        return [judge(name, sides.pair.name, errors, tol,
+                      note=f"legacy averages after the update, as the modern program; {regimes}")]
+    ok = max(gaps) > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
+    return [judge(f"{sides.label}moving average (unordered)", sides.pair.name, errors, tol, expected=True, ok=ok,
+                  note="each legacy shadow update matched one of the 4 schedules (seen: "
+                       + ", ".join(f"{c} {v}" for c, v in sorted(seen.items()))
+                       + f"); modern = ordered; the schedules differ by up to {max(gaps):.2g}; {regimes}")]

@@ -1,0 +1,243 @@
+"""Configuration, variables, checkpoint round trip, input pipelines."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from compare import tf1_graph
+from compare.report import EPS32, judge, not_applicable, tensor_error
+
+tf1 = tf.compat.v1
+
+
+def tower_dests(parse_args, flag):
+    """The parsed attributes the tower flag sets (found by parsing two tower counts)."""
+    a, b = vars(parse_args([flag, "3"])), vars(parse_args([flag, "4"]))
+    return {k for k in a if a[k] == 3 and b.get(k) == 4}
+
+
+def check_config(sides):
+    """Both programs parse the same defaults, and the same non-default command lines
+    (Pair.flag_values), to the same settings for every flag both accept; and they build what
+    those settings say: each dropout's rate, each batch norm's decay and epsilon, the optimizer
+    (each within one float32 rounding of the legacy graph's own arithmetic)."""
+    pair, legacy, modern = sides.pair, sides.legacy, sides.modern
+    towers_l = tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag)
+    towers_m = tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
+    skip = set(pair.own_flags) | towers_l | towers_m
+    differ, compared = [], set()
+    if not towers_l or not towers_m:
+        differ.append(f"no parsed setting follows {pair.legacy.tower_flag if not towers_l else pair.modern.replica_flag}")
+    for argv in [()] + [tuple(a) for a in pair.flag_values]:
+        la = pair.legacy.parse_args([pair.legacy.tower_flag, "3", *argv])
+        ma = pair.modern.parse_args([pair.modern.replica_flag, "3", *argv])
+        for key in sorted((set(vars(la)) & set(vars(ma))) - skip):
+            compared.add(key)
+            if getattr(la, key) != getattr(ma, key):
+                differ.append(f"{key}: legacy {getattr(la, key)!r} vs modern {getattr(ma, key)!r}"
+                              + (f" (with {' '.join(argv)})" if argv else ""))
+    errors, notes = built_settings(sides)
+    # A setting the legacy graph computes in float32 (a dropout rate 1 - keep_prob, a decay 1 - (1 - d))
+    # may lie one rounding from the same setting given in Python: 2 eps32 relative.
+    ok = not differ and all(e.max_rel <= 2 * EPS32 for e in errors)
+    note = (f"{len(compared)} shared flags agree at their defaults and at {len(pair.flag_values)} non-default "
+            f"command lines; built: {'; '.join(notes)}") if not differ else "differ: " + "; ".join(differ[:6])
+    return judge(f"{sides.label}configuration (flags and what they build)", pair.name, errors, "exact", ok=ok,
+                 note=note)
+
+
+def built_settings(sides):
+    """[errors], [notes]: the settings the two programs built, legacy (from the graph) against
+    modern (from the layers found by type and the optimizer's configuration)."""
+    legacy, modern = sides.legacy, sides.modern
+    errors, notes = [], []
+    batch = sides.batch(seed=1)
+    tower0 = [d for d in legacy.dropouts if d.tower == 0]
+    if tower0 or modern.dropouts:
+        rates = legacy.run([d.rate for d in tower0], batch, True) if tower0 else []
+        if len(tower0) != len(modern.dropouts):
+            errors.append(tensor_error("dropout count", np.float32(len(tower0)), np.float32(len(modern.dropouts))))
+        for k, (rate, layer) in enumerate(zip(rates, modern.dropouts)):
+            errors.append(tensor_error(f"dropout {k} rate", np.float32(layer.rate), np.float32(rate)))
+        notes.append(f"{len(modern.dropouts)} dropout(s) at rate {', '.join(f'{float(r):g}' for r in rates)}")
+    if legacy.moving or modern.batch_norms:
+        by_var = {}
+        for u in legacy.moving:
+            by_var.setdefault(u.variable.op.name, u)
+        by_id = {id(v): n for n, v in modern.names.items()}
+        decays = legacy.run({n: u.one_minus_decay for n, u in by_var.items()}, batch, True)
+        eps_found = 0
+        for layer in modern.batch_norms:
+            name = by_id.get(id(layer.moving_mean))
+            if name is None or name not in by_var:
+                errors.append(tensor_error(f"batch norm {layer.name}: no legacy moving update", np.float32(1),
+                                           np.float32(0)))
+                continue
+            scope = name.rsplit("/", 1)[0]
+            legacy_decay = np.float32(1) - np.float32(decays[name])
+            errors.append(tensor_error(f"{scope} decay (momentum)", np.float32(layer.momentum), legacy_decay))
+            eps = tf1_graph.batch_norm_epsilon(legacy.graph, by_var[name].value)
+            if eps is not None:
+                eps_found += 1
+                errors.append(tensor_error(f"{scope} epsilon", np.float32(layer.epsilon), np.float32(eps)))
+        notes.append(f"{len(modern.batch_norms)} batch norms as the legacy graph's "
+                     f"(decay, and epsilon for {eps_found} found fused)")
+    lr_, mr = legacy.rule, modern.rule
+    if lr_.rule != mr.rule or lr_.nesterov != mr.nesterov:
+        errors.append(tensor_error(f"optimizer: legacy {lr_.describe()} vs modern {mr.describe()}",
+                                   np.float32(1), np.float32(0)))
+    else:
+        for key in {"adam": ("beta1", "beta2", "epsilon"), "momentum": ("momentum",), "sgd": ()}[lr_.rule]:
+            errors.append(tensor_error(f"optimizer {key}", np.float32(getattr(mr, key)), np.float32(getattr(lr_, key))))
+    notes.append(f"optimizer {lr_.describe()}")
+    return errors, notes
+
+
+def check_variables(sides):
+    """The same variables after name mapping: names, shapes, trainable; one set for all towers
+    (every trainable variable of the legacy graph is trained, once)."""
+    legacy, modern = sides.legacy, sides.modern
+    with legacy.graph.as_default():
+        graph_trainable = [v.op.name for v in tf1.trainable_variables()]
+    trainable_m = {id(v) for v in modern.model.trainable_variables}
+    ours = {n: (tuple(legacy.by_name[n].shape.as_list()), n in set(legacy.trainable)) for n in legacy.model}
+    theirs = {n: (tuple(v.shape), id(v) in trainable_m) for n, v in modern.names.items()}
+    differ = sorted(set(ours.items()) ^ set(theirs.items()))
+    untrained = sorted(set(graph_trainable) - set(legacy.trainable))
+    ok = not differ and not untrained and len(legacy.trainable) == len(modern.model.trainable_variables)
+    note = (f"{len(ours)} variables ({len(legacy.trainable)} trainable), one set for {sides.towers} towers" if ok
+            else f"differ: {differ[:6]}; trainable but not trained (a tower's own copy?): {untrained[:6]}")
+    return judge(f"{sides.label}variables", sides.pair.name, [], "exact", ok=ok, note=note)
+
+
+def check_checkpoint_round_trip(sides):
+    """The legacy Saver's checkpoint -> the modern model -> a TF1 checkpoint: every tensor bit for bit."""
+    name = f"{sides.label}checkpoint round trip"
+    build = sides.modern.build
+    if "checkpoint_converter" not in sides.pair.capabilities or build.load_tf1 is None or build.save_tf1 is None:
+        return not_applicable(name, sides.pair.name, "the adapter declares no checkpoint converter "
+                                                     "(capability 'checkpoint_converter')")
+    build.load_tf1(sides.start_path)
+    back = build.save_tf1(os.path.join(sides.tmp_dir, f"{sides.pair.name}_back.ckpt"))
+    src, dst = tf.train.load_checkpoint(sides.start_path), tf.train.load_checkpoint(back)
+    names = sorted(src.get_variable_to_shape_map())
+    same = sorted(dst.get_variable_to_shape_map()) == names
+    errors = [tensor_error(n, dst.get_tensor(n), src.get_tensor(n)) for n in names] if same else []
+    exact = same and len(names) == len(sides.legacy.model) and all(
+        np.array_equal(dst.get_tensor(n), src.get_tensor(n)) for n in names)
+    return judge(name, sides.pair.name, errors, "exact", ok=exact,
+                 note=f"{len(names)} tensors TF1 -> modern -> TF1, compared bit for bit"
+                      + ("" if same else f"; names differ: {sorted(set(dst.get_variable_to_shape_map()) ^ set(names))[:4]}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Input pipelines
+
+@contextlib.contextmanager
+def shuffle_off():
+    """Every `tf.data.Dataset.shuffle` the identity (the file order), for the duration."""
+    classes = {tf.data.Dataset, tf1.data.Dataset}
+    saved = {c: c.__dict__.get("shuffle") for c in classes}
+    for c in classes:
+        c.shuffle = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        for c, method in saved.items():
+            if method is None:
+                del c.shuffle
+            else:
+                c.shuffle = method
+
+
+def legacy_batches(legacy, pairs, initializers, towers_each):
+    """Every step's rows from the legacy pipeline, until it runs out: [(x, y, weights)]; a batch fed
+    to every tower counts once per tower (`towers_each`)."""
+    for init in initializers:
+        legacy.sess.run(init)
+    out = []
+    while True:
+        try:
+            parts = legacy.sess.run(list(pairs))
+        except tf.errors.OutOfRangeError:
+            return out
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        out.append((x, y, np.full(len(x), float(towers_each))))
+
+
+def modern_batches(dataset, towers_each=1):
+    out = []
+    for element in dataset:
+        parts = [np.asarray(t) for t in element]
+        w = parts[2] if len(parts) > 2 else np.ones(len(parts[0]))
+        out.append((parts[0], parts[1], w * towers_each))
+    return out
+
+
+def same_rows(label, a, b, scale):
+    """Errors of one step's rows, legacy `a` against modern `b` ((x, y, weights) each): the same
+    distinct rows (compared bit for bit), and each row's total weight the same (float32 weights of
+    1/N copies sum to 1 within a few roundings: 4 eps32 per copy)."""
+    def grouped(x, y, w):
+        sums = {}
+        for i in range(len(x)):
+            key = np.ascontiguousarray(x[i]).tobytes() + np.ascontiguousarray(y[i]).tobytes()
+            sums[key] = sums.get(key, 0.0) + float(w[i])
+        return sums
+    ga, gb = grouped(*a), grouped(*b)
+    one_side = len(set(ga) ^ set(gb))
+    errors = [tensor_error(f"{label}: rows on one side only (of {len(set(ga) | set(gb))})", np.float32(one_side),
+                           np.float32(0))]
+    if not one_side:
+        keys = sorted(ga)
+        wa, wb = np.array([ga[k] for k in keys]) / scale, np.array([gb[k] for k in keys]) / scale
+        slack = 4 * np.finfo(np.float32).eps * max(1, scale)
+        errors.append(tensor_error(f"{label}: each row's weight", np.where(np.abs(wa - wb) <= slack, wb, wa), wb))
+    return errors
+
+
+def check_pipelines(sides):
+    """Both programs' own input pipelines on the harness's files (built with shuffling off: the
+    file order): every step's rows of the whole run, the short last batch included, as the same
+    multiset of rows, each row weighted as the step weighs it; and the validation pipelines."""
+    name = f"{sides.label}input pipelines"
+    lp, build = sides.legacy.lg.pipeline, sides.modern.build
+    if "pipelines" not in sides.pair.capabilities or lp is None or build.dataset is None:
+        return not_applicable(name, sides.pair.name, "the adapter declares no input pipelines "
+                                                     "(capability 'pipelines')")
+    each = sides.towers if sides.pairing.same_rows_on_every_tower else 1
+    errors, problems, sizes = [], [], {}
+    splits = [("train", lp.train, lp.initializer, build.dataset)]
+    if lp.valid and build.valid_dataset is not None:
+        splits.append(("valid", lp.valid, lp.valid_initializer, build.valid_dataset))
+    for split, pairs, inits, dataset in splits:
+        got_l = legacy_batches(sides.legacy, pairs, inits, each if split == "train" else 1)
+        with shuffle_off():
+            built = dataset()
+        got_m = modern_batches(built)
+        sizes[split] = [len(b[0]) // (each if split == "train" else 1) for b in got_l]
+        if len(got_l) != len(got_m):
+            problems.append(f"{split}: {len(got_l)} legacy steps vs {len(got_m)} modern")
+            continue
+        for k, (a, b) in enumerate(zip(got_l, got_m)):
+            errors += same_rows(f"{split} step {k}", a, b, each if split == "train" else 1)
+    ok = not problems and bool(errors) and all(e.max_abs == 0 for e in errors)
+    return judge(name, sides.pair.name, errors, "exact", ok=ok,
+                 note="; ".join(problems) or ", ".join(f"{s}: {runs(v)}" for s, v in sizes.items())
+                 + "; shuffling off (the file order)")
+
+
+def runs(sizes):
+    """[4, 4, 4, 1, 4, 4, 4, 1] -> '3 x 4, 1, 3 x 4, 1' (the rows of each step)."""
+    out, i = [], 0
+    while i < len(sizes):
+        j = i
+        while j < len(sizes) and sizes[j] == sizes[i]:
+            j += 1
+        out.append(f"{j - i} x {sizes[i]}" if j - i > 1 else str(sizes[i]))
+        i = j
+    return f"{len(sizes)} steps of " + ", ".join(out) + " rows"

@@ -1,0 +1,212 @@
+"""Forward passes and gradients: inference, dropout, the training forward pass, gradients, free variables."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from compare import common
+from compare.report import EPS32, Tolerance, judge, not_applicable, share_floors, tensor_error
+
+# A bias whose gradient is below this fraction of its layer's weight gradient holds round-off only:
+# its true gradient is zero (a bias that feeds a batch norm in training mode: the normalisation
+# subtracts it again).  Its round-off is the sum of its layer's output gradients, the same terms whose
+# products with the inputs make the weight gradient, so it is judged against that weight gradient.
+FREE = 1e-5
+
+
+def sibling_weights(name, grads):
+    """The weight (kernel) variable beside a bias, by TF1's naming: x/biases -> x/weights, x/bias -> x/kernel."""
+    for bias, weights in (("/biases", "/weights"), ("/bias", "/kernel")):
+        if name.endswith(bias) and name[:-len(bias)] + weights in grads:
+            return name[:-len(bias)] + weights
+    return None
+
+
+def free_biases(grads):
+    """The biases whose gradient (in `grads`, the legacy program's) is round-off only: below FREE
+    times their layer's weight gradient."""
+    out = []
+    for n, g in grads.items():
+        sibling = sibling_weights(n, grads)
+        if sibling and np.linalg.norm(np.asarray(g, np.float64)) <= FREE * np.linalg.norm(np.asarray(grads[sibling], np.float64)):
+            out.append(n)
+    return sorted(out)
+
+
+def grad_errors(legacy, modern, names=None, free=None, extra=None):
+    """Per-variable errors, each relative to max(its own norm, its even share of the total norm,
+    `extra`[name]) and, for a free bias (`free_biases` of the legacy gradients), its layer's weight
+    gradient's norm."""
+    names = sorted(names or legacy)
+    floors = share_floors({n: modern[n] for n in names})
+    for n in (free_biases(legacy) if free is None else free):
+        sibling = sibling_weights(n, modern)
+        if n in floors and sibling:
+            floors[n] = max(floors[n], float(np.linalg.norm(np.asarray(modern[sibling], np.float64))))
+    for n, floor in (extra or {}).items():
+        if n in floors:
+            floors[n] = max(floors[n], floor)
+    return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n]), names)
+
+
+def gradient_errors(sides, legacy, modern, free=None):
+    """grad_errors with each tensor's repeat spread as a floor: a gradient that differs by
+    ||spread|| when the legacy program computes it twice may differ by MARGIN times that."""
+    from compare.tolerances import MARGIN
+    tol = sides.tolerances["model"].rel_l2
+    extra = {n: MARGIN * s / tol for n, s in (sides.spread or {}).items() if s > 0}
+    return grad_errors(legacy, modern, free=free, extra=extra)
+
+
+def step_both(sides, batch, state, towers=None):
+    """From `state`, the modern train step on `batch`, then the legacy gradients with the masks the
+    modern step drew, for the rows each tower sees.  Returns (legacy loss, legacy gradients, the
+    modern step's dict, the TowerFeed)."""
+    sides.set_both(state)
+    step = sides.modern.step(batch, before=state)
+    _, tower_feed = sides.legacy.feed(batch, True, towers=towers)
+    masks = sides.tower_masks(batch, tower_feed.rows, step["masks"], step["replicas"])
+    loss, grads = sides.legacy.gradients(batch, masks, towers=towers)
+    return loss, grads, step, tower_feed
+
+
+def check_inference(sides):
+    """Inference mode (the program's validation feed): each legacy tower's logits against the
+    model's on the same rows."""
+    sides.set_both(sides.start)
+    batch = sides.batch(seed=2)
+    feed, tower_feed = sides.legacy.feed(batch, False)
+    logits = sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), feed)
+    predicted = sides.modern.predict(batch.x)
+    errors = [tensor_error(f"tower {i} logits ({len(rows)} rows)", out, predicted[np.asarray(rows, int)])
+              for i, (out, rows) in enumerate(zip(logits, tower_feed.rows)) if len(rows)]
+    return judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tolerances["model"],
+                 note=f"{batch.rows} rows, logits of {len(errors)} towers against the model's")
+
+
+def check_dropout(sides, units=2 ** 23):
+    """Each dropout in training mode on a large input of ones (~8M units per tower): the kept
+    fraction is 1 - rate within 5 sigma of binomial noise, kept units are scaled by exactly
+    1 / (1 - rate), and different towers (replicas) draw different masks (independent masks agree on
+    a fraction kp^2 + (1 - kp)^2 of the units, identical ones on all).  Legacy dropouts are found in
+    the graph, modern ones by type (keras.layers.Dropout)."""
+    legacy, modern = sides.legacy, sides.modern
+    name = f"{sides.label}dropout (training mode)"
+    if not legacy.dropouts and not modern.dropouts:
+        return not_applicable(name, sides.pair.name, "neither program has a dropout")
+    batch = sides.batch(seed=4)
+    feed, _ = legacy.feed(batch, True)
+    errors, notes, ok = [], [], True
+    by_k = {}
+    for d in legacy.dropouts:
+        by_k.setdefault(legacy.dropout_index(d), []).append(d)
+    if len(by_k) != len(modern.dropouts):
+        return judge(name, sides.pair.name, [], sides.tolerances["model"], ok=False,
+                     note=f"the legacy towers have {len(by_k)} dropouts each, the model {len(modern.dropouts)}")
+    for k in sorted(by_k):
+        ds = sorted(by_k[k], key=lambda d: d.tower or 0)
+        shape = tuple(ds[0].noise.shape[1:])
+        rows = max(1, units // int(np.prod(shape)))
+        ones = np.ones((rows, *shape), np.float32)
+        rate = float(legacy.sess.run(ds[0].rate, feed))
+        out_l = legacy.sess.run([d.output for d in ds], {**feed, **{d.input: ones for d in ds}})
+        out_m = modern_dropout(modern, k, rows, shape, sides.towers)
+        kp = 1 - rate
+        sigma, agree_sigma = np.sqrt(kp * (1 - kp) / ones.size), np.sqrt(0.25 / ones.size)
+        for side, outs in (("legacy", out_l), ("modern", out_m)):
+            kept = [float(np.mean(o != 0)) for o in outs]
+            scale = np.unique(np.concatenate([o[o != 0] for o in outs]))
+            e_kept = tensor_error(f"{side} dropout {k} kept fraction (5 sigma = {5 * sigma:.1e})",
+                                  np.array(kept), np.full(len(kept), kp))
+            e_scale = tensor_error(f"{side} dropout {k} kept value 1/(1 - rate)",
+                                   np.array([scale.min(), scale.max()]), np.full(2, np.float32(1 / kp)))
+            errors += [e_kept, e_scale]
+            ok &= e_kept.max_abs <= 5 * sigma and e_scale.max_rel <= 2 * EPS32
+            agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0))) for i, j in itertools.combinations(range(len(outs)), 2)]
+            if agree:
+                e = tensor_error(f"{side} dropout {k} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
+                                 np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2))
+                errors.append(e)
+                ok &= e.max_abs <= 5 * agree_sigma
+            notes.append(f"{side} {k}: kept {np.round(kept, 4).tolist()}")
+    sampling = Tolerance("sampling", 5 * sigma / kp, f"kept fractions within 5 sigma of binomial noise "
+                                                      f"({5 * sigma:.1e} over {ones.size} units), masks agreeing "
+                                                      f"within 5 sigma of kp^2 + (1 - kp)^2, kept values 1/kp "
+                                                      f"within 2 eps32")
+    return judge(name, sides.pair.name, errors, sampling, ok=ok,
+                 note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
+
+
+def modern_dropout(modern, k, rows, shape, replicas):
+    """Dropout layer k of the model in training mode on ones [rows, *shape], on every replica; its
+    seed put back afterwards."""
+    import tensorflow as tf
+    layer = modern.dropouts[k]
+    before = [s.numpy() for s in modern.seeds]
+
+    @tf.function
+    def draw():
+        with modern.strategy.scope():
+            return modern.strategy.run(lambda: layer(tf.ones([rows, *shape]), training=True))
+
+    out = common.local(modern.strategy, draw())
+    for s, value in zip(modern.seeds, before):
+        s.assign(value)
+    return out
+
+
+def check_training(sides):
+    """Training mode on one batch from the common start: the legacy combined loss and averaged
+    gradients (the graph's `loss` and `grads_and_vars`) against the modern train step's loss and the
+    gradients it applied, with the masks the modern dropout drew fed to the legacy towers."""
+    batch = sides.batch(seed=3)
+    loss_l, grads_l, step, _ = step_both(sides, batch, sides.start)
+    free = free_biases(grads_l)
+    rows = [len(r[0]) for r in step["replicas"]]
+    return [judge(f"{sides.label}forward (training, same dropout masks)", sides.pair.name,
+                  [tensor_error("loss", loss_l, step["loss"])], sides.tolerances["model"],
+                  note=f"rows per replica {rows}"),
+            judge(f"{sides.label}gradients (read out of the train step)", sides.pair.name,
+                  gradient_errors(sides, grads_l, step["gradients"], free=free), sides.tolerances["model"],
+                  note=f"{len(grads_l)} variables ({len(free)} free biases: round-off only), legacy grads_and_vars "
+                       f"vs the modern step's, {step['source']}",
+                  extra={"free": free})]
+
+
+def check_free_variables(sides):
+    """The free biases (`free_biases`): the training loss does not depend on them: the modern train
+    step from the start and from the start with those biases moved by +-0.1 gives the same loss."""
+    name = f"{sides.label}free biases (zero gradient)"
+    batch = sides.batch(seed=3)
+    sides.legacy.set_state(sides.start)
+    _, grads = sides.legacy.gradients(batch, fixed_ones(sides, batch))
+    free = free_biases(grads)
+    if not free:
+        return not_applicable(name, sides.pair.name, "no bias has a gradient below "
+                                                     f"{FREE:g} of its layer's weight gradient")
+    rng = np.random.RandomState(sides.seed)
+    moved = dict(sides.start.weights)
+    for n in free:
+        moved[n] = moved[n] + 0.1 * np.sign(rng.randn(*moved[n].shape)).astype(np.float32)
+    losses = []
+    seeds = [s.numpy() for s in sides.modern.seeds]
+    for weights in (sides.start.weights, moved):
+        for s, value in zip(sides.modern.seeds, seeds):
+            s.assign(value)
+        state = sides.start.replace(weights=weights)
+        sides.set_both(state)
+        losses.append(sides.modern.step(batch, before=state)["loss"])
+    return judge(name, sides.pair.name, [tensor_error("loss", losses[1], losses[0])], sides.tolerances["model"],
+                 note=f"{len(free)} biases each moved by +-0.1: the training loss is the same")
+
+
+def fixed_ones(sides, batch):
+    """Masks that keep every unit (noise 1 >= any rate): a legacy training pass without dropout noise."""
+    legacy = sides.legacy
+    if not legacy.dropouts:
+        return None
+    _, tower_feed = legacy.feed(batch, True)
+    ks = sorted({legacy.dropout_index(d) for d in legacy.dropouts})
+    shapes = {legacy.dropout_index(d): tuple(d.noise.shape[1:]) for d in legacy.dropouts if d.tower == 0}
+    return [[np.ones((len(rows), *shapes[k]), np.float32) for rows in tower_feed.rows] for k in ks]

@@ -1,0 +1,265 @@
+"""Batches that do not split evenly: short, uneven, fewer rows than towers, a replica left empty.
+
+Each prediction is computed from how the legacy program hands the batch to its towers (the rows
+and weights of its TowerFeed) and how the modern input path hands it to the replicas (each
+replica's rows and weights, read off the distributed element):
+
+  short batch       a multiple of the towers, fewer rows than a full one: legacy = modern.
+  uneven batch      N b - 1 rows.
+                    The legacy towers see every row, weighted by their rows: legacy = modern.
+                    The legacy towers drop rows (equal slices, each 1/N): the modern program keeps
+                      every row (EXPECTED: the legacy step equals the modern step on the rows it kept,
+                      and differs from it on all rows).  A modern step that drops rows FAILs, the same
+                      rows as the legacy or not: a strategy's input path never drops one, so a port
+                      that does has a split of its own.
+                    The legacy towers see every row in unequal slices, each weighted 1/N (rows of
+                      different towers weigh differently): legacy = sum_i w_i M(rows_i), M the modern
+                      step on tower i's rows alone, when the model's rows are independent (no batch
+                      norm, no dropout); EXPECTED.
+  fewer rows        N - 1 rows.  A legacy tower left without rows fails (a mean over no rows is
+                    NaN; on this CPU build oneDNN's Conv2D raises instead); the modern step must be
+                    finite, with every row weighing alike (EXPECTED).  Legacy towers that all see rows:
+                    legacy = modern.
+  empty replica     N + 1 rows on N >= 3 replicas, which the strategy's cut (ceil(rows/N) in order)
+                    leaves a replica without rows: the modern step finite, every row weighing alike.
+With LegacyGraph.feed_towers, the legacy towers are also fed exactly the rows each modern replica got,
+at the modern weights, and must then equal the modern step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from compare.checks.forward import gradient_errors, step_both
+from compare.report import judge, not_applicable, tensor_error
+
+
+def errors_of(sides, loss_l, grads_l, loss_m, grads_m):
+    return [tensor_error("loss", loss_l, loss_m)] + gradient_errors(sides, grads_l, grads_m)
+
+
+def finite(loss, grads):
+    return bool(np.isfinite(loss)) and all(np.all(np.isfinite(g)) for g in grads.values())
+
+
+def modern_row_weights(batch, replicas):
+    """Each batch row's share of the modern step's loss: the weights of its copies over all replicas,
+    over the total weight (the step divides the summed loss by the rows counted by weight); and the
+    number of modern rows that are no row of the batch."""
+    from compare.sides import row_index, row_key
+    index = row_index(batch)
+    total = np.zeros(batch.rows)
+    unknown = 0
+    for x, y, w in replicas:
+        for j in range(len(x)):
+            b = index.get(row_key(x[j], y[j]))
+            if b is None:
+                unknown += 1
+            else:
+                total[b] += float(w[j])
+    return total / max(total.sum(), 1e-30), unknown
+
+
+def keeps_every_row(batch, replicas):
+    """Whether the modern step weighs every row of the batch alike (a mean over all its rows)."""
+    share, unknown = modern_row_weights(batch, replicas)
+    return unknown == 0 and bool(np.all(np.abs(share * batch.rows - 1) <= 1e-6))
+
+
+def tower_outcome(sides, batch):
+    """Which legacy towers fail on `batch` (each tower's loss run on its own): NaN, or the op raises."""
+    feed, _ = sides.legacy.feed(batch, True)
+    failed, how = [], set()
+    for i, loss in enumerate(sides.legacy.lg.tower_losses):
+        try:
+            if not np.isfinite(sides.legacy.sess.run(loss, feed)):
+                failed.append(i)
+                how.add("NaN")
+        except tf.errors.InvalidArgumentError:
+            failed.append(i)
+            how.add("the op raised (oneDNN on an empty batch)")
+    return failed, ", ".join(sorted(how)) or "none failed"
+
+
+def modern_rows(step):
+    return [len(x) for x, _, _ in step["replicas"]]
+
+
+def check_splits(sides):
+    results = [check_short(sides)]
+    if sides.towers == 1 or sides.pairing.same_rows_on_every_tower:
+        return results  # one tower, or every tower sees every row: nothing is split
+    results += check_uneven(sides)
+    results.append(check_fewer(sides))
+    if sides.towers >= 3:
+        results.append(check_empty_replica(sides))
+    return results
+
+
+def check_short(sides):
+    """The short last batch of an epoch, still a multiple of the towers: N (b - 1) rows."""
+    n, b = sides.towers, sides.pair.rows_per_tower
+    rows = max(1, (b - 1)) * (1 if sides.pairing.same_rows_on_every_tower else n)
+    return judge_cut(sides, rows, "short last batch", seed=5)
+
+
+def check_uneven(sides):
+    """N b - 1 rows (not a multiple of the towers, for N > 1)."""
+    rows = sides.towers * sides.pair.rows_per_tower - 1
+    results = [judge_cut(sides, rows, "uneven batch", seed=6)]
+    if sides.legacy.lg.feed_towers is not None:
+        batch = sides.batch(rows, seed=6)
+        sides.set_both(sides.start)
+        step = sides.modern.step(batch, before=sides.start)
+        results.append(check_replica_rows(sides, batch, step, "uneven batch"))
+    return results
+
+
+def judge_cut(sides, rows, case, seed):
+    """One batch of `rows` rows, judged by how the legacy program cuts it over its towers (see the
+    module docstring): equal, remainder dropped, or towers weighted equally."""
+    tol = sides.tolerances["model"]
+    batch = sides.batch(rows, seed=seed)
+    loss_l, grads_l, step, feed = step_both(sides, batch, sides.start)
+    loss_m, grads_m = step["loss"], step["gradients"]
+    kept = [np.asarray(r, int) for r, w in zip(feed.rows, feed.weights) if w > 0]
+    sizes = [len(r) for r in kept]
+    seen = set(np.concatenate(kept).tolist()) if kept else set()
+    keeps_all = keeps_every_row(batch, step["replicas"])
+    cut = (f"{rows} rows: legacy towers {[len(r) for r in feed.rows]} (weights {np.round(feed.weights, 4).tolist()})"
+           f", modern rows {modern_rows(step)}")
+    weighted_by_rows = np.allclose(feed.weights, [len(r) / rows for r in feed.rows], rtol=1e-6)
+    same_rows = all(len(r) == rows for r in feed.rows)  # every tower sees every row
+    if len(seen) == rows and (weighted_by_rows or same_rows):
+        return judge(f"{sides.label}split: {case}", sides.pair.name, errors_of(sides, loss_l, grads_l, loss_m, grads_m),
+                     tol, ok=None if keeps_all else False,
+                     note=cut + ("; every row weighs alike on both sides" if keeps_all
+                                 else "; the modern input path does not weigh every row alike"))
+    if len(seen) < rows and len(set(sizes)) == 1:
+        return judge_dropped(sides, batch, feed, loss_l, grads_l, step, keeps_all, cut, case)
+    return check_equal_weights(sides, batch, feed, loss_l, grads_l, step,
+                               f"{sides.label}split: {case}, towers weighted equally", cut)
+
+
+def judge_dropped(sides, batch, feed, loss_l, grads_l, step, keeps_all, cut, case):
+    """The legacy split drops rows (equal slices): compare it with the modern step on the rows it kept."""
+    tol = sides.tolerances["model"]
+    kept = [np.asarray(r, int) for r, w in zip(feed.rows, feed.weights) if w > 0]
+    seen = set(np.concatenate(kept).tolist())
+    dropped = batch.rows - len(seen)
+    name = f"{sides.label}split: remainder dropped" + ("" if case == "uneven batch" else f" ({case})")
+    if keeps_all:
+        order = np.concatenate(kept)
+        _, _, step_k, _ = step_both(sides, batch.take(order), sides.start)
+        loss_d, grads_d = sides.legacy.gradients(batch, sides.tower_masks(
+            batch, feed.rows, step_k["masks"], step_k["replicas"]))
+        errors = errors_of(sides, loss_d, grads_d, step_k["loss"], step_k["gradients"])
+        gap = max(e.rel_l2 for e in gradient_errors(sides, grads_l, step["gradients"]))
+        ok = gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
+        return judge(name, sides.pair.name, errors, tol, expected=True, ok=ok,
+                     note=f"{cut}: legacy drops {dropped} and equals the modern step on the {len(order)} rows it "
+                          f"keeps; on all {batch.rows} rows the modern step differs from it by {gap:.2g} "
+                          f"(> 10 x tolerance)")
+    # The strategy's input path never drops a row: a modern step that does has a split of its own.
+    share, _ = modern_row_weights(batch, step["replicas"])
+    same = set(np.flatnonzero(share > 0).tolist()) == seen
+    return judge(name, sides.pair.name, [], tol, ok=False,
+                 note=f"{cut}: the modern step does not weigh every row alike"
+                      + (": it drops the rows the legacy split drops (a split of its own?)" if same else ""))
+
+
+def check_equal_weights(sides, batch, feed, loss_l, grads_l, step, name, cut):
+    """Legacy towers of unequal rows, each weighted as the program weighs it: predicted from the
+    modern step on each tower's rows alone (rows independent: no batch norm, no dropout)."""
+    modern, tol = sides.modern, sides.tolerances["model"]
+    if modern.batch_norms or modern.dropouts:
+        return not_applicable(name, sides.pair.name, f"{cut}: the towers weigh their rows unequally; the "
+                                                     "prediction needs rows independent of each other (the model "
+                                                     "has batch norm or dropout)")
+    loss_p, grads_p = 0.0, {k: 0.0 for k in grads_l}
+    for rows, w in zip(feed.rows, feed.weights):
+        if not len(rows) or not w:
+            continue
+        sides.set_both(sides.start)
+        part = modern.step(batch.take(np.asarray(rows, int)), before=sides.start)
+        loss_p += w * part["loss"]
+        grads_p = {k: grads_p[k] + w * np.asarray(part["gradients"][k], np.float64) for k in grads_p}
+    errors = errors_of(sides, loss_l, grads_l, loss_p, grads_p)
+    gap = max(e.rel_l2 for e in gradient_errors(sides, grads_p, step["gradients"]))
+    ok = gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors) and keeps_every_row(batch, step["replicas"])
+    return judge(name, sides.pair.name, errors, tol, expected=True, ok=ok,
+                 note=f"{cut}: legacy = sum of its towers' weights x the modern step on each tower's rows alone; "
+                      f"the modern step on all rows (each alike) differs from it by {gap:.2g} (> 10 x tolerance)")
+
+
+def check_fewer(sides):
+    """Fewer rows than towers: N - 1 rows."""
+    n, tol = sides.towers, sides.tolerances["model"]
+    rows = n - 1
+    batch = sides.batch(rows, seed=7)
+    name = f"{sides.label}split: fewer rows than towers"
+    _, feed = sides.legacy.feed(batch, True)
+    empty = [i for i, (r, w) in enumerate(zip(feed.rows, feed.weights)) if not len(r) and w > 0]
+    sides.set_both(sides.start)
+    try:
+        step = sides.modern.step(batch, before=sides.start)
+    except tf.errors.InvalidArgumentError as error:  # an empty replica the port does not handle
+        return judge(name, sides.pair.name, [], tol, ok=False,
+                     note=f"{rows} rows: the modern step failed ({str(error).strip().splitlines()[-1][:100]})")
+    ok_m = finite(step["loss"], step["gradients"]) and keeps_every_row(batch, step["replicas"])
+    cut = f"{rows} rows on {n} towers: legacy towers {[len(r) for r in feed.rows]}, modern rows {modern_rows(step)}"
+    if empty:
+        failed, how = tower_outcome(sides, batch)
+        errors = []
+        if sides.legacy.lg.feed_towers is not None and ok_m:
+            errors = replica_row_errors(sides, batch, step)
+        return judge(name, sides.pair.name, errors, tol, expected=True,
+                     ok=failed == empty and ok_m and all(e.rel_l2 <= tol.rel_l2 for e in errors),
+                     note=f"{cut}: legacy towers {failed} failed ({how}), predicted {empty} (no rows); the modern "
+                          f"step finite, every row weighing alike" + (", = the legacy towers fed the modern replicas' rows"
+                                                           if errors else ""))
+    sides.legacy.set_state(sides.start)
+    masks = sides.tower_masks(batch, feed.rows, step["masks"], step["replicas"])
+    loss_l, grads_l = sides.legacy.gradients(batch, masks)
+    return judge(name, sides.pair.name, errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"]), tol,
+                 ok=None if ok_m else False, note=cut + ": every tower sees rows")
+
+
+def check_empty_replica(sides):
+    """N + 1 rows on N >= 3 replicas, which the strategy's cut leaves a replica without rows."""
+    n, tol = sides.towers, sides.tolerances["model"]
+    rows = n + 1
+    batch = sides.batch(rows, seed=8)
+    name = f"{sides.label}split: a replica the strategy leaves empty"
+    sides.set_both(sides.start)
+    try:
+        step = sides.modern.step(batch, before=sides.start)
+    except tf.errors.InvalidArgumentError as error:
+        return judge(name, sides.pair.name, [], tol, ok=False,
+                     note=f"{rows} rows on {n} replicas: the modern step failed "
+                          f"({str(error).strip().splitlines()[-1][:100]})")
+    ok = finite(step["loss"], step["gradients"]) and keeps_every_row(batch, step["replicas"])
+    errors = replica_row_errors(sides, batch, step) if sides.legacy.lg.feed_towers is not None and ok else []
+    return judge(name, sides.pair.name, errors, tol, ok=ok and all(e.rel_l2 <= tol.rel_l2 for e in errors),
+                 note=f"{rows} rows on {n} replicas (the strategy's cut: {-(-rows // n)} per replica in order): "
+                      f"modern rows {modern_rows(step)}, finite, every row weighing alike"
+                      + (", = the legacy towers fed the modern replicas' rows" if errors else ""))
+
+
+def replica_row_errors(sides, batch, step):
+    """The legacy towers fed exactly the rows (and weights) of each modern replica, against the
+    modern step (LegacyGraph.feed_towers)."""
+    from compare.sides import row_index, row_key
+    index = row_index(batch)
+    rows = [np.array([index[row_key(x[j], y[j])] for j in range(len(x))], int) for x, y, _ in step["replicas"]]
+    weights = [float(np.sum(w)) / sum(float(np.sum(w_)) for _, _, w_ in step["replicas"]) for _, _, w in step["replicas"]]
+    sides.legacy.set_state(sides.start)
+    masks = sides.tower_masks(batch, rows, step["masks"], step["replicas"])
+    loss_l, grads_l = sides.legacy.gradients(batch, masks, towers=(rows, weights))
+    return errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"])
+
+
+def check_replica_rows(sides, batch, step, what):
+    return judge(f"{sides.label}split: legacy towers fed the replicas' rows ({what})", sides.pair.name,
+                 replica_row_errors(sides, batch, step), sides.tolerances["model"],
+                 note=f"modern rows {modern_rows(step)}, fed to the legacy towers through feed_towers")

@@ -1,0 +1,295 @@
+"""What the harness finds by itself in a TF1 training graph, given the few tensors the adapter names.
+
+Everything here reads the graph (ops, their inputs and attributes, collections); nothing changes an
+op the program runs.  Where a value must be read out (a batch statistic, a dropout mask), the harness
+adds an `Identity` tap beside the graph or feeds a tensor the program computes (TF1 lets a feed
+replace any feedable tensor), so the program's own ops run as built.
+
+    model_variables     trainable variables and the moving statistics UPDATE_OPS moves
+    optimizer_updates   the optimizer's update op of each variable: its rule (Adam, momentum, SGD),
+                        its hyper-parameters as graph tensors, its slots
+    moving_updates      every `assign_moving_average`-shaped update of a variable: v -= (v - x)(1 - d),
+                        with the statistic x it moves toward, 1 - d, and the tower it belongs to
+    dropouts            each `tf.nn.dropout`: its uniform noise (feed it to impose a mask), rate,
+                        input and output, and its tower
+    fan_ins             the contraction size of every forward matmul and convolution of tower 0
+    StepFunction        a tensor as a function of the global step (a learning rate, a decay), evaluated
+                        without the control dependencies it was built under
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+PASS_THROUGH = ("Identity", "ReadVariableOp", "Switch", "Enter", "RefIdentity", "RefSwitch", "RefEnter")
+APPLY = {  # op type (resource or ref) -> (rule, input names in order)
+    "ApplyAdam": ("adam", ("var", "m", "v", "beta1_power", "beta2_power", "lr", "beta1", "beta2",
+                           "epsilon", "grad")),
+    "ApplyMomentum": ("momentum", ("var", "accum", "lr", "grad", "momentum")),
+    "ApplyGradientDescent": ("sgd", ("var", "alpha", "delta")),
+}
+
+
+@dataclasses.dataclass
+class OptimizerUpdate:
+    """One variable's update op: rule 'adam', 'momentum' or 'sgd'; `inputs` the op's inputs by name
+    (tensors); `slots` the slot variables by the rule's names (m, v; accum); `nesterov`."""
+    rule: str
+    op: Any
+    variable: Any
+    inputs: dict
+    slots: dict
+    nesterov: bool = False
+
+
+@dataclasses.dataclass
+class MovingUpdate:
+    """v <- v - (v - value) * one_minus_decay, on `variable`, from tower `tower` (None: no tower)."""
+    op: Any
+    variable: Any
+    value: Any
+    one_minus_decay: Any
+    tower: Optional[int]
+
+
+@dataclasses.dataclass
+class Dropout:
+    """A `tf.nn.dropout`: keeps x / (1 - rate) where noise >= rate (noise uniform in [0, 1))."""
+    noise: Any
+    rate: Any
+    input: Any
+    output: Any
+    tower: Optional[int]
+
+
+def variables_by_name(graph) -> dict:
+    with graph.as_default():
+        return {v.op.name: v for v in tf1.global_variables() + tf1.local_variables()}
+
+
+def variable_of(tensor, by_name):
+    """The variable a resource handle, ref, or read of it refers to (through identities), or None."""
+    seen = 0
+    while tensor is not None and seen < 16:
+        op = tensor.op
+        if op.type in VARIABLE_OPS:
+            return by_name.get(op.name)
+        if op.type not in PASS_THROUGH or not op.inputs:
+            return None
+        tensor, seen = op.inputs[0], seen + 1
+    return None
+
+
+def ancestors(tensors) -> set:
+    """Every op that `tensors` depend on, through data and control inputs (If/While count as one op)."""
+    stack = [t.op if hasattr(t, "op") else t for t in tensors]
+    seen = set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(i.op for i in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+class Towers:
+    """Which tower an op belongs to: the one tower loss it is an ancestor of (None: none or several)."""
+
+    def __init__(self, tower_losses):
+        self.sets = [ancestors([loss]) for loss in tower_losses]
+
+    def of(self, op) -> Optional[int]:
+        owners = [i for i, s in enumerate(self.sets) if op in s]
+        return owners[0] if len(owners) == 1 else None
+
+
+def optimizer_updates(graph, grads_and_vars) -> dict:
+    """{variable name: OptimizerUpdate} for every variable of `grads_and_vars`.  Raises ValueError
+    naming a variable whose update is not one of the rules the harness knows (APPLY)."""
+    by_name = variables_by_name(graph)
+    wanted = {v.op.name for _, v in grads_and_vars}
+    found = {}
+    for op in graph.get_operations():
+        kind = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
+        if kind not in APPLY:
+            continue
+        rule, names = APPLY[kind]
+        inputs = dict(zip(names, op.inputs))
+        variable = variable_of(inputs["var"], by_name)
+        if variable is None or variable.op.name not in wanted:
+            continue
+        slot_names = {"adam": ("m", "v"), "momentum": ("accum",), "sgd": ()}[rule]
+        slots = {s: variable_of(inputs[s], by_name) for s in slot_names}
+        found[variable.op.name] = OptimizerUpdate(rule, op, variable, inputs, slots,
+                                                  nesterov=bool(op.node_def.attr["use_nesterov"].b)
+                                                  if "use_nesterov" in op.node_def.attr else False)
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise ValueError(f"no Adam, momentum or gradient-descent update op found for {len(missing)} "
+                         f"variable(s) of grads_and_vars: {', '.join(missing[:5])}")
+    return found
+
+
+def assign_sub_parts(op, by_name):
+    """For an op `v -= (v - value) * c` (AssignSubVariableOp / AssignSub), (v, value, c); else None."""
+    if op.type not in ("AssignSubVariableOp", "AssignSub") or len(op.inputs) < 2:
+        return None
+    variable = variable_of(op.inputs[0], by_name)
+    delta = op.inputs[1]
+    if variable is None or delta.op.type != "Mul":
+        return None
+    a, b = delta.op.inputs
+    for diff, factor in ((a, b), (b, a)):
+        if diff.op.type == "Sub" and variable_of(diff.op.inputs[0], by_name) is variable:
+            return variable, diff.op.inputs[1], factor
+    return None
+
+
+def moving_updates(graph, tower_losses) -> list:
+    """The `UPDATE_OPS` of the graph that move a variable toward a statistic (slim's and Keras 2's
+    batch norm: `assign_moving_average`), each with its tower."""
+    by_name = variables_by_name(graph)
+    towers = Towers(tower_losses)
+    out = []
+    for item in graph.get_collection(tf1.GraphKeys.UPDATE_OPS):
+        op = item if isinstance(item, tf.Operation) else item.op
+        parts = assign_sub_parts(op, by_name)
+        if parts is None:
+            raise ValueError(f"UPDATE_OPS holds {op.name} ({op.type}), not a moving-average update "
+                             f"v -= (v - x) * (1 - decay): the harness cannot predict it")
+        variable, value, factor = parts
+        out.append(MovingUpdate(op, variable, value, factor, towers.of(value.op)))
+    return out
+
+
+def shadow_update(graph, shadow):
+    """The update op of a moving-average shadow variable: (op, value it averages, 1 - decay)."""
+    by_name = variables_by_name(graph)
+    for op in graph.get_operations():
+        parts = assign_sub_parts(op, by_name)
+        if parts is not None and parts[0] is shadow:
+            return op, parts[1], parts[2]
+    raise ValueError(f"no moving-average update of {shadow.op.name} in the graph")
+
+
+def dropouts(graph, tower_losses) -> list:
+    """Every `tf.nn.dropout` in the forward graph (gradients excluded), with its tower."""
+    towers = Towers(tower_losses)
+    out = []
+    for op in graph.get_operations():
+        if op.type != "GreaterEqual" or op.inputs[0].op.type != "RandomUniform":
+            continue
+        for select in op.outputs[0].consumers():
+            if select.type not in ("SelectV2", "Select") or select.name.startswith("gradients"):
+                continue
+            scaled = select.inputs[1]
+            if scaled.op.type not in ("RealDiv", "Mul"):
+                continue
+            out.append(Dropout(noise=op.inputs[0], rate=op.inputs[1], input=scaled.op.inputs[0],
+                               output=select.outputs[0], tower=towers.of(select)))
+    return out
+
+
+def fan_ins(tower_loss) -> list:
+    """The contraction size of each forward MatMul and Conv2D the loss depends on (one tower)."""
+    sizes = []
+    for op in ancestors([tower_loss]):
+        if "gradients" in op.name.split("/")[0]:
+            continue
+        if op.type in ("MatMul", "BatchMatMulV2"):
+            a = op.inputs[0].shape
+            transpose = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+            k = a[-2] if transpose else a[-1]
+            if k is not None:
+                sizes.append(int(k))
+        elif op.type in ("Conv2D", "DepthwiseConv2dNative"):
+            h, w, c = op.inputs[1].shape[:3]
+            if None not in (h, w, c):
+                sizes.append(int(h * w * c) if op.type == "Conv2D" else int(h * w))
+    return sizes
+
+
+def model_variables(graph, grads_and_vars, updates) -> list:
+    """The model's variables in creation order: the trained ones and those UPDATE_OPS moves."""
+    names = {v.op.name for _, v in grads_and_vars} | {u.variable.op.name for u in updates}
+    with graph.as_default():
+        return [v for v in tf1.global_variables() if v.op.name in names]
+
+
+def batch_norm_epsilon(graph, statistic):
+    """The epsilon of the batch norm that computed `statistic` (a batch mean or variance that a
+    moving update reads): the FusedBatchNorm op itself, or the one inside the `cond` (If) whose output
+    it is, found in the graph's function library.  None when it is not a fused batch norm."""
+    tensor = statistic
+    for _ in range(8):
+        op = tensor.op
+        if op.type.startswith("FusedBatchNorm"):
+            return float(op.get_attr("epsilon"))
+        if op.type in ("If", "StatelessIf"):
+            name = op.get_attr("then_branch").name
+            for fn in graph.as_graph_def().library.function:
+                if fn.signature.name == name:
+                    eps = [n.attr["epsilon"].f for n in fn.node_def if n.op.startswith("FusedBatchNorm")]
+                    return float(eps[0]) if len(set(eps)) == 1 else None
+            return None
+        if op.type not in PASS_THROUGH + ("Merge",) or not op.inputs:
+            return None
+        tensor = op.inputs[0]
+    return None
+
+
+class StepFunction:
+    """A scalar tensor of the graph as a function of the global step, evaluated in a copy of the ops it
+    is computed from, without their control dependencies: running the tensor itself would also run
+    what it was built under (an ExponentialMovingAverage applied under
+    `control_dependencies([apply_gradients])` has a decay tensor whose evaluation trains a step).
+    Reads of the global step in that subgraph are replaced by the step given."""
+
+    def __init__(self, graph, tensor, global_step):
+        step_op = variable_of(global_step, variables_by_name(graph)) if not hasattr(global_step, "op") else global_step
+        step_name = step_op.op.name if hasattr(step_op, "op") else global_step.op.name
+        stops, keep, stack = [], set(), [tensor.op]
+        while stack:
+            op = stack.pop()
+            if op.name in keep:
+                continue
+            if op.type in ("ReadVariableOp", "Identity") and op.inputs and op.inputs[0].op.name == step_name:
+                stops.append(op.outputs[0])
+                continue
+            if op.type in VARIABLE_OPS:
+                raise ValueError(f"{tensor.name} reads the variable {op.name}, not only the global step")
+            keep.add(op.name)
+            stack.extend(i.op for i in op.inputs)
+        nodes = []
+        for node in graph.as_graph_def().node:
+            if node.name in keep:
+                node.ClearField("device")
+                kept_inputs = [i for i in node.input if not i.startswith("^")]
+                del node.input[:]
+                node.input.extend(kept_inputs)
+                nodes.append(node)
+        graph_def = tf1.GraphDef()
+        graph_def.node.extend(nodes)
+        graph_def.library.CopyFrom(graph.as_graph_def().library)
+        graph_def.versions.CopyFrom(graph.graph_def_versions)
+        self.graph = tf1.Graph()
+        with self.graph.as_default():
+            self.steps = [tf1.placeholder(t.dtype, t.shape) for t in stops]
+            (self.out,) = tf1.import_graph_def(graph_def, input_map={t.name: p for t, p in zip(stops, self.steps)},
+                                               return_elements=[tensor.name], name="")
+        self.sess = tf1.Session(graph=self.graph)
+        self.cache = {}
+
+    def __call__(self, step):
+        if step not in self.cache:
+            feed = {p: np.asarray(step, p.dtype.as_numpy_dtype) for p in self.steps}
+            self.cache[step] = float(self.sess.run(self.out, feed))
+        return self.cache[step]

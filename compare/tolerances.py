@@ -1,0 +1,97 @@
+"""Tolerances derived for one pair, from its model and from floors measured in the same run.
+
+No tolerance here is a constant tuned for a model.  Each is computed when a pairing is set up, on
+the legacy program (the reference), from the model's own sensitivity to the smallest change float32
+can make and from the spread of its own computation repeated:
+
+  1-ulp input  the legacy towers' logits (inference mode, the program's validation feed) and its
+               training loss, from the harness's rows and from the same rows moved by one float32
+               ulp: how far a forward pass of this model carries a round-off-sized change.  A port
+               that computes the same function in another order, or by an equivalent formula, differs
+               by about this much.  (Inference mode: training-mode batch norm over a tower's few rows
+               is chaotic, its sensitivity measures the batch statistics' conditioning, not round-off.)
+  repeat       the legacy program's loss, logits and every gradient computed twice from the same
+               state (thread order in the reductions; 0 on a CPU, not always on a GPU).  Per gradient
+               it is also a floor of that tensor's comparison: a tensor may differ by MARGIN times its
+               own repeat spread.
+  eps32        one rounding.
+
+    model  = MARGIN x max(1-ulp input sensitivity of the logits and of the loss, repeat, eps32):
+             forward passes, gradients, splits, one training step, moving statistics, evaluation
+    steps  = K x model:  K free-running steps of a model that is not chaotic compound one step's error
+             (a chaotic one is judged against its chaos floor, the legacy program against itself
+             started 1 ulp away: the "chaos" check)
+
+For scale every report also prints the a-priori estimate 2 eps32 sum_l sqrt(fan_in_l) (a forward and
+backward pass through L layers of dot products of fan_in_l terms with independent roundings) and the
+1-ulp WEIGHT sensitivity of the gradients (the chaos the free-running check measures).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compare.interface import Batch
+from compare.report import EPS32, Tolerance, tensor_error
+
+MARGIN = 16  # how far above the measured round-off floors a correct port may land
+
+
+def fan_in_estimate(fan_ins) -> float:
+    return 2 * EPS32 * sum(math.sqrt(k) for k in fan_ins)
+
+
+def logits(sides, batch):
+    feed, tower_feed = sides.legacy.feed(batch, False)
+    return sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), feed)
+
+
+def worst_rel(a_list, b_list):
+    return max((tensor_error("", a, b).rel_l2 for a, b in zip(a_list, b_list) if np.size(b)), default=0.0)
+
+
+def derive(sides, steps: int) -> dict:
+    """{"model", "steps"} Tolerances for one built pairing (compare.sides.Sides), and the per-gradient
+    repeat spread ("spread": {name: ||difference||}), measured on its legacy side from the common start."""
+    legacy = sides.legacy
+    batch = sides.batch(seed=97)
+    moved = Batch(np.nextafter(batch.x, np.float32(np.inf)) if np.issubdtype(batch.x.dtype, np.floating)
+                  else batch.x, batch.y)
+    legacy.set_state(sides.start)
+    masks = fixed_masks(sides, batch)
+    out_a, out_b, out_m = logits(sides, batch), logits(sides, batch), logits(sides, moved)
+    loss_a, grads_a = legacy.gradients(batch, masks)
+    loss_b, grads_b = legacy.gradients(batch, masks)
+    loss_m, _ = legacy.gradients(moved, masks)
+    s_logits = worst_rel(out_m, out_a)
+    s_loss = tensor_error("", loss_m, loss_a).rel_l2
+    repeat = max(worst_rel(out_b, out_a), tensor_error("", loss_b, loss_a).rel_l2)
+    spread = {n: float(np.linalg.norm(np.subtract(grads_b[n], grads_a[n], dtype=np.float64))) for n in grads_a}
+    weights = {n: np.nextafter(w, np.float32(np.inf)) for n, w in sides.start.weights.items()}
+    legacy.set_state(sides.start.replace(weights=weights))
+    _, grads_w = legacy.gradients(batch, masks)
+    legacy.set_state(sides.start)
+    chaos = max(tensor_error(n, grads_w[n], grads_a[n]).rel_l2 for n in grads_a)
+    model = MARGIN * max(s_logits, s_loss, repeat, EPS32)
+    how = (f"{MARGIN} x max(1-ulp input sensitivity: logits {s_logits:.2g}, training loss {s_loss:.2g}; repeat "
+           f"spread {repeat:.2g}; eps32); for scale: fan-in estimate {fan_in_estimate(legacy.fan_ins):.2g} "
+           f"({len(legacy.fan_ins)} layers), 1-ulp weight sensitivity of the gradients {chaos:.2g}")
+    return {"model": Tolerance("model", model, how),
+            "steps": Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
+            "spread": spread}
+
+
+def fixed_masks(sides, batch):
+    """Dropout noise for the legacy towers that does not change between runs (one seeded draw), so
+    that two runs differ only by what is measured."""
+    legacy = sides.legacy
+    if not legacy.dropouts:
+        return None
+    _, tower_feed = legacy.feed(batch, True)
+    rng = np.random.RandomState(sides.seed + 7)
+    masks = []
+    for k in range(max(legacy.dropout_index(d) for d in legacy.dropouts) + 1):
+        shape = [d for d in legacy.dropouts if d.tower == 0 and legacy.dropout_index(d) == k][0].noise.shape[1:]
+        masks.append([rng.uniform(size=(len(rows), *shape)).astype(np.float32) for rows in tower_feed.rows])
+    return masks
