@@ -105,7 +105,8 @@ class DataSpec(Protocol):
 
 @dataclasses.dataclass
 class TowerFeed:
-    """One batch handed to the legacy towers, as the program hands it.
+    """One batch handed to the legacy towers, as the program hands it (LegacyGraph.feed raises NotFed
+    for a batch the program can never receive).
 
     feed_dict: the program's placeholders (or the input tensors its towers read, such as an
       iterator's `get_next()` outputs, which TF1 lets a feed replace) -> values.
@@ -128,12 +129,13 @@ class LegacyPipeline:
       one batch to every tower, one pair per tower for a program whose towers each read their own.
     initializer: ops to run before the first batch (an initializable iterator), or empty.
     valid / valid_initializer: the same for the validation pipeline, if the program has one.
-    Labels as the pipeline yields them; `labels` (optional) turns them into the form Batch.y takes.
+    steps: compare this many steps (a pipeline that repeats forever); None: until it runs out.
     """
     train: Sequence[tuple[Any, Any]]
     initializer: Sequence[Any] = ()
     valid: Sequence[tuple[Any, Any]] = ()
     valid_initializer: Sequence[Any] = ()
+    steps: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -307,6 +309,11 @@ class Pair:
 
 class AdapterError(Exception):
     """An adapter that does not implement the interface (the message names what is wrong)."""
+
+
+class NotFed(Exception):
+    """Raised by LegacyGraph.feed for a batch the program can never receive (its towers take full
+    batches only, say): the checks that need such a batch are NOT APPLICABLE, with this message."""
 
 
 def validate(pair: Any, source: str = "the adapter") -> Pair:

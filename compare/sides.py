@@ -100,7 +100,7 @@ class LegacyRun:
             self.init = tf1.global_variables_initializer()
             self.saver = tf1.train.Saver(var_list={n: self.by_name[n] for n in self.model})
             self.full_saver = tf1.train.Saver()  # every variable, as the programs' own Saver() saves
-        self.sess = tf1.Session(graph=self.graph, config=pair.legacy.session_config(flags, towers))
+        self.sess = tf1.Session(graph=self.graph, config=harness_config(pair.legacy.session_config(flags, towers)))
         self.sess.run(self.init)
         for init in (lg.pipeline.initializer if lg.pipeline else ()):
             self.sess.run(init)
@@ -196,6 +196,18 @@ class LegacyRun:
 
     def close(self):
         self.sess.close()
+
+
+def harness_config(config):
+    """The program's session config, with grappler's constant folding off.  The harness feeds its rows
+    in place of tensors the program computes (an iterator's get_next()); constant folding would fold
+    the static shape of such a tensor into a constant that keeps a control edge to the op that made it,
+    and so pull the program's input stream on every fetch that takes a gradient through a convolution.
+    Folding changes no value the graph computes."""
+    config = tf1.ConfigProto.FromString(config.SerializeToString())
+    rewrite = config.graph_options.rewrite_options
+    rewrite.constant_folding = rewrite.OFF  # the RewriterConfig enum, as the message exposes it
+    return config
 
 
 def powers_of(updates, by_name):

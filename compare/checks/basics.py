@@ -153,13 +153,13 @@ def shuffle_off():
                 c.shuffle = method
 
 
-def legacy_batches(legacy, pairs, initializers, towers_each):
-    """Every step's rows from the legacy pipeline, until it runs out: [(x, y, weights)]; a batch fed
-    to every tower counts once per tower (`towers_each`)."""
+def legacy_batches(legacy, pairs, initializers, towers_each, steps=None):
+    """Every step's rows from the legacy pipeline, until it runs out (or `steps`): [(x, y, weights)];
+    a batch fed to every tower counts once per tower (`towers_each`)."""
     for init in initializers:
         legacy.sess.run(init)
     out = []
-    while True:
+    while steps is None or len(out) < steps:
         try:
             parts = legacy.sess.run(list(pairs))
         except tf.errors.OutOfRangeError:
@@ -167,11 +167,12 @@ def legacy_batches(legacy, pairs, initializers, towers_each):
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         out.append((x, y, np.full(len(x), float(towers_each))))
+    return out
 
 
-def modern_batches(dataset, towers_each=1):
+def modern_batches(dataset, steps=None, towers_each=1):
     out = []
-    for element in dataset:
+    for element in (dataset if steps is None else dataset.take(steps)):
         parts = [np.asarray(t) for t in element]
         w = parts[2] if len(parts) > 2 else np.ones(len(parts[0]))
         out.append((parts[0], parts[1], w * towers_each))
@@ -215,10 +216,11 @@ def check_pipelines(sides):
     if lp.valid and build.valid_dataset is not None:
         splits.append(("valid", lp.valid, lp.valid_initializer, build.valid_dataset))
     for split, pairs, inits, dataset in splits:
-        got_l = legacy_batches(sides.legacy, pairs, inits, each if split == "train" else 1)
+        steps = lp.steps if split == "train" else None
+        got_l = legacy_batches(sides.legacy, pairs, inits, each if split == "train" else 1, steps)
         with shuffle_off():
             built = dataset()
-        got_m = modern_batches(built)
+        got_m = modern_batches(built, steps)
         sizes[split] = [len(b[0]) // (each if split == "train" else 1) for b in got_l]
         if len(got_l) != len(got_m):
             problems.append(f"{split}: {len(got_l)} legacy steps vs {len(got_m)} modern")

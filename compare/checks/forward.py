@@ -63,9 +63,9 @@ def step_both(sides, batch, state, towers=None):
     """From `state`, the modern train step on `batch`, then the legacy gradients with the masks the
     modern step drew, for the rows each tower sees.  Returns (legacy loss, legacy gradients, the
     modern step's dict, the TowerFeed)."""
+    _, tower_feed = sides.legacy.feed(batch, True, towers=towers)  # first: NotFed before any step runs
     sides.set_both(state)
     step = sides.modern.step(batch, before=state)
-    _, tower_feed = sides.legacy.feed(batch, True, towers=towers)
     masks = sides.tower_masks(batch, tower_feed.rows, step["masks"], step["replicas"])
     loss, grads = sides.legacy.gradients(batch, masks, towers=towers)
     return loss, grads, step, tower_feed

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from compare.checks.forward import gradient_errors, step_both
+from compare.interface import NotFed
 from compare.report import judge, not_applicable, tensor_error
 
 
@@ -86,14 +87,22 @@ def modern_rows(step):
 
 
 def check_splits(sides):
-    results = [check_short(sides)]
+    results = fed(sides, "short last batch", lambda: [check_short(sides)])
     if sides.towers == 1 or sides.pairing.same_rows_on_every_tower:
         return results  # one tower, or every tower sees every row: nothing is split
-    results += check_uneven(sides)
-    results.append(check_fewer(sides))
+    results += fed(sides, "uneven batch", lambda: check_uneven(sides))
+    results += fed(sides, "fewer rows than towers", lambda: [check_fewer(sides)])
     if sides.towers >= 3:
-        results.append(check_empty_replica(sides))
+        results += fed(sides, "a replica the strategy leaves empty", lambda: [check_empty_replica(sides)])
     return results
+
+
+def fed(sides, case, run):
+    """`run()`, or NOT APPLICABLE when the legacy program can never receive such a batch (NotFed)."""
+    try:
+        return run()
+    except NotFed as reason:
+        return [not_applicable(f"{sides.label}split: {case}", sides.pair.name, str(reason))]
 
 
 def check_short(sides):
@@ -231,6 +240,7 @@ def check_empty_replica(sides):
     rows = n + 1
     batch = sides.batch(rows, seed=8)
     name = f"{sides.label}split: a replica the strategy leaves empty"
+    sides.legacy.feed(batch, True)  # NotFed: a batch the legacy program never receives
     sides.set_both(sides.start)
     try:
         step = sides.modern.step(batch, before=sides.start)
