@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from compare import sides as sides_module
 from compare import tolerances
-from compare.checks import averages, basics, evaluation, forward, free, splits, steps
+from compare.checks import averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, trained
 from compare.interface import GROUPS, AdapterError, Pair, validate
 from compare.report import STATIC, not_applicable
 from compare.sides import HarnessError
@@ -31,6 +31,7 @@ class Settings:
     quick: bool = False
     checkpoint: Optional[str] = None   # start from this TF1 checkpoint of the legacy program
     only: tuple = GROUPS
+    tf1_repeats: int = 1               # the TF1-runtime step run this many times from the same state
 
     def restart_steps(self):
         return self.steps or (2 if self.quick else 6)
@@ -116,6 +117,12 @@ def run_groups(sides, groups, settings, log):
         log(f"{name}: {sides.label}configuration, variables, checkpoint, pipelines")
         out += [basics.check_config(sides), basics.check_variables(sides),
                 basics.check_checkpoint_round_trip(sides), basics.check_pipelines(sides)]
+    if "shuffle" in groups:
+        log(f"{name}: {sides.label}both training pipelines, shuffled, over two epochs")
+        out.append(shuffle.check_shuffle(sides))
+    if "flags" in groups and not settings.quick:
+        log(f"{name}: {sides.label}every shared flag at another value, through what each program builds")
+        out.append(flags.check_flags(sides))
     if "forward" in groups:
         log(f"{name}: {sides.label}inference, dropout")
         out += [forward.check_inference(sides), forward.check_dropout(sides)]
@@ -139,6 +146,9 @@ def run_groups(sides, groups, settings, log):
             log(f"{name}: {sides.label}{free_steps} free-running steps, and the legacy program again from weights "
                 f"1 ulp away")
             out.append(free.check_free_running(sides, free_steps))
+    if "trained" in groups:
+        log(f"{name}: {sides.label}the training checks again from a trained, perturbed state past the schedule")
+        out += trained.check_trained(sides, settings, free_steps)
     if "evaluation" in groups:
         out.append(evaluation.check_evaluation(sides))
     if "tf1" in groups and not settings.quick:

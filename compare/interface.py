@@ -48,7 +48,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime
 import numpy as np
 
 # The check groups, in the order the harness runs them (compare.harness.run_groups).
-GROUPS = ("basics", "forward", "training", "splits", "steps", "averages", "free", "evaluation", "tf1")
+GROUPS = ("basics", "shuffle", "flags", "forward", "training", "splits", "steps", "averages", "free", "trained",
+          "evaluation", "tf1")
 
 # The capabilities an adapter may declare, and what each makes the harness check.
 CAPABILITIES = {
@@ -62,6 +63,10 @@ CAPABILITIES = {
     "tf1_runtime": "the legacy graph on TF1's own runtime (ref variables, v1 control flow), in a "
                    "process of its own: the adapter's LegacySide.build must work after "
                    "tf.compat.v1.disable_v2_behavior()",
+    "shuffle": "both training pipelines as the programs run them, their own shuffle on, over two epochs of a "
+               "file of Pair.shuffle_rows rows, compared statistically (LegacySide.input_pipeline, "
+               "ModernSide.input_pipeline, DataSpec.write_rows); the same methods let the flags check rebuild "
+               "the pipelines alone",
 }
 
 
@@ -101,6 +106,10 @@ class DataSpec(Protocol):
     def batch(self, rows: int, seed: int) -> Batch:
         """`rows` rows as the model receives them (preprocessed inputs, labels as the loss takes
         them), deterministic in `seed`.  They need not look like real data, only lie in its range."""
+
+    # Optional (capability "shuffle"):
+    # def write_rows(self, folder, rows, seed) -> DataFiles: a training file of exactly `rows` distinct
+    #     rows (and whatever else the pipelines read), for the shuffled-pipeline check.
 
 
 @dataclasses.dataclass
@@ -189,6 +198,12 @@ class LegacySide(Protocol):
         """The program's tf.compat.v1.ConfigProto for `towers` towers (virtual CPU devices when
         there is no GPU: `legacy.towers.session_config`)."""
 
+    # Optional (capability "shuffle"; also used by the flags check to rebuild the pipeline alone):
+    # def input_pipeline(self, flags, towers, files) -> LegacyPipeline: the program's own training
+    #     (and validation) pipeline alone, built in the current default graph.
+    # Optional (capability "evaluation"):
+    # def evaluate(self, flags, checkpoint_path, files) -> Mapping[str, float]: the program's evaluation.
+
 
 @dataclasses.dataclass
 class StepResult:
@@ -251,6 +266,10 @@ class ModernSide(Protocol):
         """Build the port's model, optimizer and steps under `strategy` by calling the port's own
         functions, as its `main` does; its input pipelines read `files`."""
 
+    # Optional (capability "shuffle"; also used by the flags check):
+    # def input_pipeline(self, flags, num_replicas, files) -> tf.data.Dataset: the port's own training
+    #     pipeline of global batches alone.
+
 
 @dataclasses.dataclass(frozen=True)
 class Pairing:
@@ -284,8 +303,14 @@ class Pair:
       batch norm to be well conditioned).
     free_steps, quick_free_steps: free-running (and moving-average) steps, by default and with
       --quick (0: none; a chaotic model needs many steps to say anything, and each costs).
-    flag_values: shared flags at non-default values, each an argv list that both programs must
-      parse to the same settings (the configuration check adds the defaults).
+    shuffle_rows, shuffle_argv: the training file's rows for the shuffled-pipeline check (more than
+      the programs' shuffle buffer, so that its size shows) and arguments for that check.
+    loop_flags: flags both programs accept that only their training loop or data resolution reads
+      (a step limit, a log interval, a data folder), each with that reason: the flags check, which
+      requires every other shared flag to change something both programs build, reports them.
+    flag_values: shared flags at non-default values, argv lists that both programs must parse to the
+      same settings (the configuration check adds the defaults); the flags check takes each flag's
+      value from them (a flag not given there gets one from the type of its default).
     extra_checks: optional; (built pairing, log) -> more Results: checks of this pair's own quirks,
       built on the harness's helpers (`compare.sides`).
     description: one line for the report and the log.
@@ -302,6 +327,9 @@ class Pair:
     free_steps: int = 20
     quick_free_steps: int = 4
     flag_values: tuple[tuple[str, ...], ...] = ()
+    shuffle_rows: int = 0
+    shuffle_argv: tuple[str, ...] = ()
+    loop_flags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     extra_checks: Optional[Callable[..., list]] = None
     description: str = ""
     module: str = ""  # the adapter module's name (set by the harness when it loads the adapter)

@@ -65,6 +65,9 @@ def parse_args(argv=None):
                         "instead of fresh weights; with --model all it applies to CIFAR")
     p.add_argument("--only", default=None,
                    help=f"check groups to run, comma-separated ({', '.join(GROUPS)}); default all")
+    p.add_argument("--tf1_repeats", type=int, default=1,
+                   help="run the TF1-runtime step this many times from the same state (each run its own "
+                        "interleaving of the towers' unlocked moving-statistics updates)")
     p.add_argument("--workers", type=int, default=1,
                    help="also check N workers x 1 replica against 1 x N and the legacy N towers "
                         "(compare/multiworker.py), N >= 2")
@@ -87,8 +90,8 @@ def parse_args(argv=None):
     for flag in ("steps", "free_steps"):
         if getattr(args, flag) is not None and getattr(args, flag) < (1 if flag == "steps" else 0):
             p.error(f"--{flag} must be at least {1 if flag == 'steps' else 0}")
-    if args.workers < 1:
-        p.error("--workers must be at least 1")
+    if args.workers < 1 or args.tf1_repeats < 1:
+        p.error("--workers and --tf1_repeats must be at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # now, not after the run
         p.error("--plot needs matplotlib: pip install matplotlib (or, in this repository, pip install -e '.[plot]')")
     if args.only is not None:
@@ -130,6 +133,7 @@ def child_argv(module, args, report_path):
     argv += ["--steps", str(args.steps)] if args.steps else []
     argv += ["--free_steps", str(args.free_steps)] if args.free_steps is not None else []
     argv += ["--only", ",".join(args.only)] if args.only else []
+    argv += ["--tf1_repeats", str(args.tf1_repeats)]
     argv += [f"--program={spec}" for spec in args.program]
     return argv
 
@@ -187,7 +191,7 @@ def main(argv=None):
     for role, module in args.programs.items():
         log(f"judging {module} as {role}")
     settings = harness.Settings(towers=args.towers, steps=args.steps, free_steps=args.free_steps, seed=args.seed,
-                                quick=args.quick, only=args.only or harness.GROUPS)
+                                quick=args.quick, only=args.only or harness.GROUPS, tf1_repeats=args.tf1_repeats)
     results = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         children = [spawn(module, child_argv(module, args, os.path.join(tmp_dir, f"pair{i}.json")),

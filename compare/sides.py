@@ -186,10 +186,23 @@ class LegacyRun:
              self.lg.train_op], batch, True, masks, towers)
         return float(loss), float(lr), dict(zip(self.trainable, grads)), stats
 
+    def moving_decays(self):
+        """{moving statistic's name: the decay its updates use in training}, read once."""
+        if self._decays is None:
+            first = {}
+            for u in self.moving:
+                first.setdefault(u.variable.op.name, u)
+            feed, _ = self.feed(self.pair.data.batch(self.pair.rows_per_tower * self.towers, 0), True)
+            values = self.sess.run({n: u.one_minus_decay for n, u in first.items()}, feed)
+            self._decays = {n: 1 - float(v) for n, v in values.items()}
+        return self._decays
+
+    _decays = None
+
     def learning_rate_at(self, step):
         """The legacy rate at a global step (its tensor evaluated without its control dependencies)."""
         if self._lr_at is None:
-            self._lr_at = tf1_graph.StepFunction(self.graph, self.lg.learning_rate, self.global_step_var)
+            self._lr_at = tf1_graph.StepFunction(self.graph, self.lg.learning_rate, self.global_step_var, self.sess)
         return self._lr_at(step)
 
     _lr_at = None

@@ -224,6 +224,19 @@ def model_variables(graph, grads_and_vars, updates) -> list:
         return [v for v in tf1.global_variables() if v.op.name in names]
 
 
+_LIBRARIES = {}
+
+
+def functions_of(graph):
+    """{name: FunctionDef} of the graph's function library (the branches of its `cond`s), read once
+    per graph and size (serialising a ResNet graph takes a second)."""
+    key = (id(graph), graph.version)
+    if key not in _LIBRARIES:
+        _LIBRARIES.clear()
+        _LIBRARIES[key] = {fn.signature.name: fn for fn in graph.as_graph_def().library.function}
+    return _LIBRARIES[key]
+
+
 def batch_norm_epsilon(graph, statistic):
     """The epsilon of the batch norm that computed `statistic` (a batch mean or variance that a
     moving update reads): the FusedBatchNorm op itself, or the one inside the `cond` (If) whose output
@@ -234,12 +247,11 @@ def batch_norm_epsilon(graph, statistic):
         if op.type.startswith("FusedBatchNorm"):
             return float(op.get_attr("epsilon"))
         if op.type in ("If", "StatelessIf"):
-            name = op.get_attr("then_branch").name
-            for fn in graph.as_graph_def().library.function:
-                if fn.signature.name == name:
-                    eps = [n.attr["epsilon"].f for n in fn.node_def if n.op.startswith("FusedBatchNorm")]
-                    return float(eps[0]) if len(set(eps)) == 1 else None
-            return None
+            fn = functions_of(graph).get(op.get_attr("then_branch").name)
+            if fn is None:
+                return None
+            eps = [n.attr["epsilon"].f for n in fn.node_def if n.op.startswith("FusedBatchNorm")]
+            return float(eps[0]) if len(set(eps)) == 1 else None
         if op.type not in PASS_THROUGH + ("Merge",) or not op.inputs:
             return None
         tensor = op.inputs[0]
@@ -247,16 +259,16 @@ def batch_norm_epsilon(graph, statistic):
 
 
 class StepFunction:
-    """A scalar tensor of the graph as a function of the global step, evaluated in a copy of the ops it
-    is computed from, without their control dependencies: running the tensor itself would also run
-    what it was built under (an ExponentialMovingAverage applied under
-    `control_dependencies([apply_gradients])` has a decay tensor whose evaluation trains a step).
-    Reads of the global step in that subgraph are replaced by the step given."""
+    """A scalar tensor of the graph as a function of the global step, evaluated without the control
+    dependencies it was built under: running the tensor itself would also run them (an
+    ExponentialMovingAverage applied under `control_dependencies([apply_gradients])` has a decay tensor
+    whose evaluation trains a step).  Reads of the global step in its subgraph are fed the step given:
+    in the program's own session when no op of that subgraph has a control input, else in a copy of
+    the subgraph without them."""
 
-    def __init__(self, graph, tensor, global_step):
-        step_op = variable_of(global_step, variables_by_name(graph)) if not hasattr(global_step, "op") else global_step
-        step_name = step_op.op.name if hasattr(step_op, "op") else global_step.op.name
-        stops, keep, stack = [], set(), [tensor.op]
+    def __init__(self, graph, tensor, global_step, sess=None):
+        step_name = global_step.op.name
+        stops, keep, stack, controlled = [], {}, [tensor.op], False
         while stack:
             op = stack.pop()
             if op.name in keep:
@@ -266,27 +278,34 @@ class StepFunction:
                 continue
             if op.type in VARIABLE_OPS:
                 raise ValueError(f"{tensor.name} reads the variable {op.name}, not only the global step")
-            keep.add(op.name)
+            keep[op.name] = op
+            controlled |= bool(op.control_inputs)
             stack.extend(i.op for i in op.inputs)
-        nodes = []
-        for node in graph.as_graph_def().node:
-            if node.name in keep:
-                node.ClearField("device")
-                kept_inputs = [i for i in node.input if not i.startswith("^")]
-                del node.input[:]
-                node.input.extend(kept_inputs)
-                nodes.append(node)
+        if sess is not None and not controlled:
+            self.sess, self.steps, self.out = sess, stops, tensor
+        else:
+            self.sess, self.steps, self.out = self.copy(graph, tensor, stops, keep)
+        self.cache = {}
+
+    @staticmethod
+    def copy(graph, tensor, stops, keep):
+        """(session, step placeholders, output) of the subgraph `keep` imported without control inputs."""
         graph_def = tf1.GraphDef()
-        graph_def.node.extend(nodes)
+        for op in keep.values():
+            node = graph_def.node.add()
+            node.CopyFrom(op.node_def)
+            node.ClearField("device")
+            kept_inputs = [i for i in node.input if not i.startswith("^")]
+            del node.input[:]
+            node.input.extend(kept_inputs)
         graph_def.library.CopyFrom(graph.as_graph_def().library)
         graph_def.versions.CopyFrom(graph.graph_def_versions)
-        self.graph = tf1.Graph()
-        with self.graph.as_default():
-            self.steps = [tf1.placeholder(t.dtype, t.shape) for t in stops]
-            (self.out,) = tf1.import_graph_def(graph_def, input_map={t.name: p for t, p in zip(stops, self.steps)},
-                                               return_elements=[tensor.name], name="")
-        self.sess = tf1.Session(graph=self.graph)
-        self.cache = {}
+        copied = tf1.Graph()
+        with copied.as_default():
+            steps = [tf1.placeholder(t.dtype, t.shape) for t in stops]
+            (out,) = tf1.import_graph_def(graph_def, input_map={t.name: p for t, p in zip(stops, steps)},
+                                          return_elements=[tensor.name], name="")
+        return tf1.Session(graph=copied), steps, out
 
     def __call__(self, step):
         if step not in self.cache:

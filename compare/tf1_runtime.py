@@ -8,8 +8,9 @@ file, runs
 
     python -m compare.tf1_runtime IN.npz OUT.npz
 
-and compares what this process writes back: the program's loss and averaged gradients, and one
-training step's moving statistics with the batch statistics each tower's update read.  The graph is
+and compares what this process writes back: the program's loss and averaged gradients, and the
+moving statistics after one training step (run `repeats` times from the same state, each run its own
+interleaving of the towers' updates), with the batch statistics each tower's update read.  The graph is
 built by the adapter's own LegacySide.build (compare.sides.LegacyRun), as in the harness's process.
 """
 import json
@@ -46,15 +47,18 @@ def main(in_path, out_path):
     masks = [list(data[f"mask:{k}"]) for k in range(int(meta["dropouts"]))] or None
     loss, grads = legacy.gradients(batch, masks)
     moving = sorted({u.variable.op.name for u in legacy.moving})
-    before = legacy.sess.run({n: legacy.by_name[n] for n in moving})
-    _, _, _, stats = legacy.train(batch, masks)
-    after = legacy.sess.run({n: legacy.by_name[n] for n in moving})
+    start = legacy.state()
+    repeats = int(meta.get("repeats", 1))
     out = {"loss": loss, "variable_class": type(legacy.by_name[legacy.trainable[0]]).__name__,
-           "updates": json.dumps([[u.variable.op.name, u.tower] for u in legacy.moving])}
+           "updates": json.dumps([[u.variable.op.name, u.tower] for u in legacy.moving]), "repeats": repeats}
     out.update({f"grad:{n}": g for n, g in grads.items()})
-    out.update({f"before:{n}": v for n, v in before.items()})
-    out.update({f"after:{n}": v for n, v in after.items()})
-    out.update({f"stat:{i}": s for i, s in enumerate(stats)})
+    out.update({f"before:{n}": start.weights[n] for n in moving})
+    for r in range(repeats):  # the same step again from the same state: each run its own interleaving
+        legacy.set_state(start, powers=False)
+        _, _, _, stats = legacy.train(batch, masks)
+        after = legacy.sess.run({n: legacy.by_name[n] for n in moving})
+        out.update({f"after:{r}:{n}": v for n, v in after.items()})
+        out.update({f"stat:{r}:{i}": s for i, s in enumerate(stats)})
     np.savez(out_path, **out)
     legacy.close()
 

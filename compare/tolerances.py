@@ -23,8 +23,10 @@ can make and from the spread of its own computation repeated:
              started 1 ulp away: the "chaos" check)
 
 For scale every report also prints the a-priori estimate 2 eps32 sum_l sqrt(fan_in_l) (a forward and
-backward pass through L layers of dot products of fan_in_l terms with independent roundings) and the
-1-ulp WEIGHT sensitivity of the gradients (the chaos the free-running check measures).
+backward pass through L layers of dot products of fan_in_l terms with independent roundings).  The
+1-ulp sensitivity to the WEIGHTS is no round-off measure: in training mode, batch norm over a tower's
+few rows carries a one-ulp change of every weight to percents of some gradients (ResNet-v2-50 at 8 rows
+per tower: 2%, where the two programs agree to 3e-6); the free-running check measures that chaos.
 """
 from __future__ import annotations
 
@@ -63,20 +65,15 @@ def derive(sides, steps: int) -> dict:
     out_a, out_b, out_m = logits(sides, batch), logits(sides, batch), logits(sides, moved)
     loss_a, grads_a = legacy.gradients(batch, masks)
     loss_b, grads_b = legacy.gradients(batch, masks)
-    loss_m, _ = legacy.gradients(moved, masks)
+    loss_m = float(legacy.run(legacy.lg.loss, moved, True, masks))
     s_logits = worst_rel(out_m, out_a)
     s_loss = tensor_error("", loss_m, loss_a).rel_l2
     repeat = max(worst_rel(out_b, out_a), tensor_error("", loss_b, loss_a).rel_l2)
     spread = {n: float(np.linalg.norm(np.subtract(grads_b[n], grads_a[n], dtype=np.float64))) for n in grads_a}
-    weights = {n: np.nextafter(w, np.float32(np.inf)) for n, w in sides.start.weights.items()}
-    legacy.set_state(sides.start.replace(weights=weights))
-    _, grads_w = legacy.gradients(batch, masks)
-    legacy.set_state(sides.start)
-    chaos = max(tensor_error(n, grads_w[n], grads_a[n]).rel_l2 for n in grads_a)
     model = MARGIN * max(s_logits, s_loss, repeat, EPS32)
     how = (f"{MARGIN} x max(1-ulp input sensitivity: logits {s_logits:.2g}, training loss {s_loss:.2g}; repeat "
-           f"spread {repeat:.2g}; eps32); for scale: fan-in estimate {fan_in_estimate(legacy.fan_ins):.2g} "
-           f"({len(legacy.fan_ins)} layers), 1-ulp weight sensitivity of the gradients {chaos:.2g}")
+           f"spread {repeat:.2g}; eps32); for scale: the fan-in estimate {fan_in_estimate(legacy.fan_ins):.2g} "
+           f"({len(legacy.fan_ins)} layers)")
     return {"model": Tolerance("model", model, how),
             "steps": Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
             "spread": spread}

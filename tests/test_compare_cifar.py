@@ -23,14 +23,14 @@ except DeviceSetupError:
     pass
 
 from compare import harness, sides as sides_module  # noqa: E402
-from compare.checks import basics, forward, splits, steps  # noqa: E402
+from compare.checks import basics, forward, splits, steps, trained  # noqa: E402
 from compare.checks.forward import grad_errors  # noqa: E402
 from compare.interface import StepResult  # noqa: E402
 from compare.pairs import cifar_resnet as cifar_pair  # noqa: E402
 from compare.report import tensor_error  # noqa: E402
 from legacy import cifar_resnet as legacy_cifar  # noqa: E402
 from modern import cifar_resnet as modern_cifar  # noqa: E402
-from modern import resnet_v2  # noqa: E402
+from modern import keras_adapter, resnet_v2  # noqa: E402
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4)
 
@@ -70,15 +70,20 @@ def retraced(sides):
 
 
 def test_harness_passes_on_the_real_programs(built):
+    """Every group but the flags check (each flag a ResNet built again: `compare/run.py` runs it; the
+    MNIST, tutorial and tiny pairs' tests run it here), the trained state as --quick runs it."""
     results = []
     for sides, groups in built:
-        results += harness.run_groups(sides, groups, SETTINGS, log=lambda *_: None)
+        results += harness.run_groups(sides, [g for g in groups if g not in ("flags", "trained")], SETTINGS,
+                                      log=lambda *_: None)
+    results += trained.check_trained(built[0][0], dataclasses.replace(SETTINGS, quick=True), 0)
     results += cifar_pair.extra_checks(built[0][0], SETTINGS, lambda *_: None)
     checks = by_check(results)
     assert failed(results) == []
     assert {name for name, r in checks.items() if r.status == "EXPECTED"} == {
         "validation (validate)", "split: remainder dropped", "split: fewer rows than towers",
-        "split: --split=static (seed bug)", "bn moving statistics", "legacy on TF1's runtime: bn moving statistics"}
+        "split: --split=static (seed bug)", "bn moving statistics", "bn moving statistics (trained state)",
+        "legacy on TF1's runtime: bn moving statistics"}
     assert {name for name, r in checks.items() if r.status == "NOT APPLICABLE"} == {
         "moving averages", "evaluation (one checkpoint)"}
     assert checks["legacy on TF1's runtime: loss and gradients"].status == "PASS"
@@ -93,6 +98,8 @@ def test_harness_passes_on_the_real_programs(built):
     assert checks["--split=weighted: split: legacy towers fed the replicas' rows (uneven batch)"].status == "PASS"
     free = checks["4 free-running steps (chaos floor)"].extra["losses"]
     assert len(set(np.round(free["legacy"], 5))) == 4
+    assert checks["shuffled pipelines (two epochs)"].status == "PASS"
+    assert checks["gradients (read out of the train step) (trained state)"].status == "PASS"
     # The derived model tolerance: from the logits' 1-ulp input sensitivity (ResNet-v2-50: ~1.6e-6).
     model = built[0][0].tolerances["model"]
     assert 1e-5 < model.rel_l2 < 1e-3 and "1-ulp input sensitivity" in model.derivation
@@ -271,3 +278,60 @@ def test_replica_slices_of_floor_size_fail_the_split_checks(sides, monkeypatch):
     monkeypatch.setattr(cluster.ReplicaBatches, "split", floor_split)
     assert "split: remainder dropped" in failed(splits.check_splits(sides))
     assert {r.status for r in forward.check_training(sides)} == {"PASS"}
+
+
+def test_adam_that_forgets_its_first_moment_fails_only_from_a_trained_state(sides, monkeypatch):
+    """A hand-written fused Adam that resets m before the kernel (m <- (1 - beta1) g): from zero slots,
+    where every check starting at initialisation stands, m is the same either way; from the trained
+    state (the legacy program's own Adam moments) the gradient read back out of it is wrong."""
+    real = modern_cifar.FusedAdam.update_step
+
+    def forgetful(self, gradient, variable, learning_rate):
+        m, _ = keras_adapter.adam_slots(self, variable)
+        m.assign(tf.zeros_like(m))
+        return real(self, gradient, variable, learning_rate)
+
+    monkeypatch.setattr(modern_cifar.FusedAdam, "update_step", forgetful)
+    planted = retraced(sides)
+    assert {r.status for r in forward.check_training(planted)} == {"PASS"}
+    state = trained.trained_state(planted)
+    results = by_check(forward.check_training(planted, state=state, suffix=trained.SUFFIX))
+    assert results["gradients (read out of the train step) (trained state)"].status == "FAIL"
+
+
+def ref_updates(rng, towers=2, statistics=8, size=64, decay=0.997, lost=(), wrong_decay=None):
+    """What the TF1-runtime process writes back for one step, made up: each statistic updated by its
+    towers atomically in a random order, except those in `lost`, where tower 0's write is lost in half
+    of the elements (a race); `wrong_decay` updates everything with another decay."""
+    from compare.checks import tf1
+    out, updates = {"repeats": 1}, []
+    for s in range(statistics):
+        var = f"bn{s}/moving_mean"
+        v = rng.normal(size=size).astype(np.float32)
+        a = [rng.normal(size=size).astype(np.float32) for _ in range(towers)]
+        c = 1 - (wrong_decay or decay)
+        order = [(i, k) for i in rng.permutation(towers) for k in "Rrw"]  # one tower after the other
+        after = tf1.outcome(order, v.astype(np.float64), [x.astype(np.float64) for x in a], c)
+        if s in lost:
+            racy = [(0, "R"), (1, "R"), (0, "r"), (1, "r"), (0, "w"), (1, "w")]  # tower 0's write overwritten
+            half = np.arange(size) < size // 2
+            after = np.where(half, tf1.outcome(racy, v.astype(np.float64), [x.astype(np.float64) for x in a], c), after)
+        out[f"before:{var}"], out[f"after:0:{var}"] = v, after.astype(np.float32)
+        for t in range(towers):
+            out[f"stat:0:{len(updates)}"] = a[t]
+            updates.append((var, t))
+    return out, updates, {f"bn{s}/moving_mean": decay for s in range(statistics)}
+
+
+@pytest.mark.parametrize("planted, status", [
+    ({}, "EXPECTED"),
+    ({"lost": (3,)}, "EXPECTED"),                          # a race lost some of tower 0's writes: allowed
+    ({"wrong_decay": 0.99}, "FAIL"),                       # Keras' default momentum: no outcome fits
+    ({"lost": tuple(range(8))}, "FAIL"),                   # a tower's update missing in every statistic
+])
+def test_ref_variable_updates_are_predicted_with_their_races_and_not_beyond(planted, status):
+    from compare.checks import tf1
+    from compare.report import Tolerance
+    out, updates, decays = ref_updates(np.random.default_rng(0), **planted)
+    result = tf1.ref_variable_result(out, updates, decays, Tolerance("model", 8e-5, ""), "bn", "cifar")
+    assert result.status == status, result.note

@@ -4,7 +4,10 @@ planted defects, and its command line behaves as documented.
 Each defect is planted in a program's own code (a module function the adapter calls), for the length
 of one harness run (both pairings, 4 free-running and moving-average steps: a few seconds).
 """
+import dataclasses
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from modern import mnist_multi_gpu as modern_mnist
@@ -17,6 +20,7 @@ except DeviceSetupError:
 
 from compare import harness  # noqa: E402
 from compare.pairs import mnist_multi_gpu as mnist_pair  # noqa: E402
+from records import mnist as mnist_records  # noqa: E402
 
 STEPS = 4
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=STEPS, quick=True)
@@ -174,3 +178,49 @@ def test_command_line_exits_1_on_a_planted_defect(monkeypatch, capsys):
                         lambda base, decay_steps, decay: real(base * 1.01, decay_steps, decay))
     assert run.main(["--model", "mnist", "--quick", "--free_steps", "2", "--only", "steps"]) == 1
     assert "lr schedule" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# The blind spots of a harness that starts from initial values with shuffling off and flags at defaults
+
+def shuffled_get_input(buffer_size=10000, reshuffle=True, after_batching=False):
+    """modern/mnist_multi_gpu.get_input with one realistic shuffle mistake planted."""
+    def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0,
+                  shuffle_seed=None):
+        dataset = tf.data.TFRecordDataset([data_path])
+        if not after_batching:
+            dataset = dataset.shuffle(buffer_size, seed=shuffle_seed, reshuffle_each_iteration=reshuffle)
+        dataset = dataset.repeat(10)
+        dataset = dataset.batch(batch_size if same_batch_per_replica else batch_size * num_replicas)
+        if after_batching:
+            dataset = dataset.shuffle(buffer_size // batch_size, seed=shuffle_seed)
+        dataset = dataset.map(mnist_records.parse_batch)
+        if same_batch_per_replica:
+            dataset = dataset.map(lambda x, y: modern_mnist.same_batch_on_every_replica(x, y, num_replicas))
+        return dataset.skip(skip_batches).prefetch(2)
+    return get_input
+
+
+@pytest.mark.parametrize("mistake, planted", [
+    ("a buffer ten times smaller", dict(buffer_size=1000)),
+    ("no reshuffle between epochs", dict(reshuffle=False)),
+    ("the shuffle after batching", dict(after_batching=True)),
+])
+def test_a_shuffle_mistake_fails_the_shuffled_pipeline_check(tmp_path, monkeypatch, mistake, planted):
+    monkeypatch.setattr(modern_mnist, "get_input", shuffled_get_input(**planted))
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("shuffle",)))
+    assert failed(results) == ["deviation: shuffled pipelines (two epochs)", "original: shuffled pipelines (two epochs)"]
+    # The same pipeline with the shuffle switched off is still row for row the legacy one.
+    results = run_harness(tmp_path / "basics", dataclasses.replace(SETTINGS, only=("basics",)))
+    assert results["deviation: input pipelines"].status == "PASS"
+
+
+def test_a_flag_parsed_but_built_from_a_constant_fails_the_flags_check(tmp_path, monkeypatch):
+    """The port parses --moving_average_decay but averages with the constant 0.99: at the default the
+    two agree, so only a non-default value shows it."""
+    real = modern_mnist.make_moving_average
+    monkeypatch.setattr(modern_mnist, "make_moving_average", lambda model, optimizer, decay=0.99: real(model, optimizer))
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, quick=False, only=("flags",)))
+    assert failed(results) == ["deviation: flags through what they build", "original: flags through what they build"]
+    worst = results["deviation: flags through what they build"].worst.name
+    assert worst == "--moving_average_decay 0.9: changes nothing the modern program builds"

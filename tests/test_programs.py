@@ -55,7 +55,9 @@ def test_a_third_program_is_judged_by_the_same_checks(tmp_path):
     real = mnist_multi_gpu.make_optimizer
     third.make_optimizer = lambda base, decay_steps, decay: real(base, decay_steps + 1, decay)
     results = judged(tmp_path, modern_mnist=third)
-    assert sorted(r.check for r in results if r.status == "FAIL") == ["deviation: lr schedule", "original: lr schedule"]
+    assert sorted(r.check for r in results if r.status == "FAIL") == [
+        "deviation: lr schedule", "deviation: lr schedule (trained state)", "original: lr schedule",
+        "original: lr schedule (trained state)"]
     assert programs.modern_mnist is mnist_multi_gpu
 
 

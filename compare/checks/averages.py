@@ -30,7 +30,7 @@ def decay_function(sides):
     name = sorted(legacy.shadows)[0]
     op, _, one_minus = tf1_graph.shadow_update(legacy.graph, legacy.shadows[name])
     ordered = legacy.updates[name].op in tf1_graph.ancestors([op])
-    one_minus_at = tf1_graph.StepFunction(legacy.graph, one_minus, legacy.global_step_var)
+    one_minus_at = tf1_graph.StepFunction(legacy.graph, one_minus, legacy.global_step_var, legacy.sess)
     return (lambda n: 1.0 - one_minus_at(n)), ordered
 
 
@@ -54,8 +54,9 @@ def candidates(shadow, w_before, w_after, n_before, d):
     return out
 
 
-def check_moving_averages(sides, steps):
-    name = f"{sides.label}moving averages"
+def check_moving_averages(sides, steps, start=None, suffix=""):
+    """See the module docstring; from `start` (a state past the warm-up) every step is past it."""
+    name = f"{sides.label}moving averages{suffix}"
     legacy, modern = sides.legacy, sides.modern
     if "moving_averages" not in sides.pair.capabilities or not legacy.shadows or not modern.shadows:
         return [not_applicable(name, sides.pair.name, "the adapter declares no moving averages "
@@ -63,13 +64,13 @@ def check_moving_averages(sides, steps):
     d, ordered = decay_function(sides)
     late = past_warm_up(d)
     tol = sides.tolerances["optimizer"]
-    half = max(1, steps // 2)
-    start = sides.start
+    half = max(1, steps // 2) if start is None else 0
+    start = start or sides.start
     sides.set_both(start)
     names = sorted(legacy.shadows)
     errors, gaps, seen = [], [], {}
     for k in range(steps):
-        if k == half:
+        if k == half and half:  # jump both counters past the warm-up
             legacy.set_step(late)
             modern.optimizer.iterations.assign(late)
         before_l = legacy.state()
@@ -100,12 +101,13 @@ def check_moving_averages(sides, steps):
             predicted = candidates(m0, before_m.weights[n], after_wm[n], n_m, d)["w after, step after"]
             floor_m = 2 * np.linalg.norm(np.spacing(np.abs(before_m.shadows[n]))) / tol.rel_l2
             errors.append(tensor_error(f"step {k}: modern {n} shadow update", after_sm[n] - m0, predicted - m0, floor_m))
-    regimes = f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"
+    regimes = (f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"
+               if half else f"{steps} steps from step {start.step} (decay {d(start.step):g})")
     if ordered:
         return [judge(name, sides.pair.name, errors, tol,
                       note=f"legacy averages after the update, as the modern program; {regimes}")]
     ok = max(gaps) > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
-    return [judge(f"{sides.label}moving average (unordered)", sides.pair.name, errors, tol, expected=True, ok=ok,
+    return [judge(f"{sides.label}moving average (unordered){suffix}", sides.pair.name, errors, tol, expected=True, ok=ok,
                   note="each legacy shadow update matched one of the 4 schedules (seen: "
                        + ", ".join(f"{c} {v}" for c, v in sorted(seen.items()))
                        + f"); modern = ordered; the schedules differ by up to {max(gaps):.2g}; {regimes}")]

@@ -68,7 +68,7 @@ def built_settings(sides):
         for u in legacy.moving:
             by_var.setdefault(u.variable.op.name, u)
         by_id = {id(v): n for n, v in modern.names.items()}
-        decays = legacy.run({n: u.one_minus_decay for n, u in by_var.items()}, batch, True)
+        decays = legacy.moving_decays()
         eps_found = 0
         for layer in modern.batch_norms:
             name = by_id.get(id(layer.moving_mean))
@@ -77,7 +77,7 @@ def built_settings(sides):
                                            np.float32(0)))
                 continue
             scope = name.rsplit("/", 1)[0]
-            legacy_decay = np.float32(1) - np.float32(decays[name])
+            legacy_decay = np.float32(decays[name])
             errors.append(tensor_error(f"{scope} decay (momentum)", np.float32(layer.momentum), legacy_decay))
             eps = tf1_graph.batch_norm_epsilon(legacy.graph, by_var[name].value)
             if eps is not None:
@@ -153,29 +153,34 @@ def shuffle_off():
                 c.shuffle = method
 
 
-def legacy_batches(legacy, pairs, initializers, towers_each, steps=None):
-    """Every step's rows from the legacy pipeline, until it runs out (or `steps`): [(x, y, weights)];
-    a batch fed to every tower counts once per tower (`towers_each`)."""
+def legacy_batches(sess, pairs, initializers, towers_each, steps=None, rows=None):
+    """Every step's rows from a legacy pipeline, until it runs out (or `steps` steps, or `rows` rows):
+    [(x, y, weights)]; a batch fed to every tower counts once per tower (`towers_each`)."""
     for init in initializers:
-        legacy.sess.run(init)
-    out = []
-    while steps is None or len(out) < steps:
+        sess.run(init)
+    out, seen = [], 0
+    while (steps is None or len(out) < steps) and (rows is None or seen < rows):
         try:
-            parts = legacy.sess.run(list(pairs))
+            parts = sess.run(list(pairs))
         except tf.errors.OutOfRangeError:
             return out
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         out.append((x, y, np.full(len(x), float(towers_each))))
+        seen += len(x)
     return out
 
 
-def modern_batches(dataset, steps=None, towers_each=1):
-    out = []
+def modern_batches(dataset, steps=None, rows=None, towers_each=1):
+    """Every element of a modern dataset as (x, y, weights), until it runs out (or `steps`, or `rows`)."""
+    out, seen = [], 0
     for element in (dataset if steps is None else dataset.take(steps)):
         parts = [np.asarray(t) for t in element]
         w = parts[2] if len(parts) > 2 else np.ones(len(parts[0]))
         out.append((parts[0], parts[1], w * towers_each))
+        seen += len(parts[0])
+        if rows is not None and seen >= rows:
+            break
     return out
 
 
@@ -217,7 +222,7 @@ def check_pipelines(sides):
         splits.append(("valid", lp.valid, lp.valid_initializer, build.valid_dataset))
     for split, pairs, inits, dataset in splits:
         steps = lp.steps if split == "train" else None
-        got_l = legacy_batches(sides.legacy, pairs, inits, each if split == "train" else 1, steps)
+        got_l = legacy_batches(sides.legacy.sess, pairs, inits, each if split == "train" else 1, steps)
         with shuffle_off():
             built = dataset()
         got_m = modern_batches(built, steps)

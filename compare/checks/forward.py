@@ -156,18 +156,18 @@ def modern_dropout(modern, k, rows, shape, replicas):
     return out
 
 
-def check_training(sides):
-    """Training mode on one batch from the common start: the legacy combined loss and averaged
-    gradients (the graph's `loss` and `grads_and_vars`) against the modern train step's loss and the
-    gradients it applied, with the masks the modern dropout drew fed to the legacy towers."""
+def check_training(sides, state=None, suffix=""):
+    """Training mode on one batch from the common start (or `state`): the legacy combined loss and
+    averaged gradients (the graph's `loss` and `grads_and_vars`) against the modern train step's loss
+    and the gradients it applied, with the masks the modern dropout drew fed to the legacy towers."""
     batch = sides.batch(seed=3)
-    loss_l, grads_l, step, _ = step_both(sides, batch, sides.start)
+    loss_l, grads_l, step, _ = step_both(sides, batch, state or sides.start)
     free = free_biases(grads_l)
     rows = [len(r[0]) for r in step["replicas"]]
-    return [judge(f"{sides.label}forward (training, same dropout masks)", sides.pair.name,
+    return [judge(f"{sides.label}forward (training, same dropout masks){suffix}", sides.pair.name,
                   [tensor_error("loss", loss_l, step["loss"])], sides.tolerances["model"],
                   note=f"rows per replica {rows}"),
-            judge(f"{sides.label}gradients (read out of the train step)", sides.pair.name,
+            judge(f"{sides.label}gradients (read out of the train step){suffix}", sides.pair.name,
                   gradient_errors(sides, grads_l, step["gradients"], free=free), sides.tolerances["model"],
                   note=f"{len(grads_l)} variables ({len(free)} free biases: round-off only), legacy grads_and_vars "
                        f"vs the modern step's, {step['source']}",

@@ -8,7 +8,7 @@ from compare.report import TensorError, judge
 FACTOR = 2.0  # the port may drift at most this much faster than the legacy program drifts from itself
 
 
-def check_free_running(sides, steps, factor=FACTOR):
+def check_free_running(sides, steps, factor=FACTOR, start=None, suffix=""):
     """Both programs train freely for K steps from the common start, on the same rows with the same
     dropout masks; the legacy program trains again from the start moved by one float32 ulp in every
     weight.  At every step the legacy-modern distance of the weights (relative to how far the legacy
@@ -21,7 +21,7 @@ def check_free_running(sides, steps, factor=FACTOR):
     legacy, modern = sides.legacy, sides.modern
     model_tol = sides.tolerances["model"].rel_l2
     names = sorted(legacy.trainable)
-    start = sides.start
+    start = start or sides.start
     w0 = np.concatenate([start.weights[n].ravel() for n in names]).astype(np.float64)
     perturbed = dict(start.weights)
     for n in names:
@@ -73,7 +73,7 @@ def check_free_running(sides, steps, factor=FACTOR):
     finite = all(np.isfinite(runs["legacy"][0] + losses_m))
     worst = int(np.argmax(ratios))
     r = rows[worst]
-    return judge(f"{sides.label}{steps} free-running steps (chaos floor)", sides.pair.name, errors, "chaos",
+    return judge(f"{sides.label}{steps} free-running steps (chaos floor){suffix}", sides.pair.name, errors, "chaos",
                  ok=finite and all(q <= 1 for q in ratios),
                  note=f"{'chaotic' if chaotic else 'not chaotic'}; worst step {worst}: weights legacy-modern "
                       f"{r['d_m']:.3g} vs legacy-perturbed {r['d_p']:.3g}, loss {r['e_loss']:.3g} vs {r['p_loss']:.3g} "

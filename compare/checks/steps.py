@@ -89,16 +89,18 @@ def restart_steps(points, count):
     return sorted(wanted[:count])
 
 
-def check_training_steps(sides, count, steps_at=None):
+def check_training_steps(sides, count, steps_at=None, start=None, suffix=""):
+    """See the module docstring; the first step starts from the common start (or `start`), each
+    later one from where the legacy program's previous step left it."""
     legacy, modern, tol = sides.legacy, sides.modern, sides.tolerances["model"]
     points = change_points(legacy)
     steps_at = steps_at or restart_steps(points, count)
     rule_l, rule_m = legacy.rule, modern.rule
     names = list(legacy.trainable)
     losses_l, losses_m, lr_errors, grad_err, opt_err, count_err, moving = [], [], [], [], [], [], []
-    state = sides.start
+    first = start or sides.start
     for k, step in enumerate(steps_at):
-        state = (legacy.state() if k else sides.start).replace(step=step)
+        state = (legacy.state() if k else first).replace(step=step)
         lr_state = sides.set_both(state)
         batch = sides.batch(seed=100 + k)
         out_m = modern.step(batch, before=state)
@@ -148,26 +150,26 @@ def check_training_steps(sides, count, steps_at=None):
     schedule = ("continuous" if points is None else f"changes after steps {points}" if points else "constant")
     label, name = sides.label, sides.pair.name
     lr_tol = sides.tolerances["schedule"] if points is None else "exact"
-    probes = schedule_probes(points)
+    probes = schedule_probes(points) if not suffix else []
     lr_errors += [tensor_error(f"lr at step {s} (probed)", np.float32(modern_rate_at(modern, s)),
                                np.float32(legacy.learning_rate_at(s))) for s in probes]
     results = [
-        judge(f"{label}lr schedule", name, lr_errors, lr_tol,
+        judge(f"{label}lr schedule{suffix}", name, lr_errors, lr_tol,
               note=f"the rate each step used, at global steps {steps_at}, and the schedules probed at {probes}; "
                    f"the legacy schedule {schedule}"),
-        judge(f"{label}{len(steps_at)} training step{plural}: loss and gradients", name, loss_err + grad_err, tol,
+        judge(f"{label}{len(steps_at)} training step{plural}: loss and gradients{suffix}", name, loss_err + grad_err, tol,
               note=f"each step from the legacy state; modern gradients {out_m['source']}",
               extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
-        judge(f"{label}{len(steps_at)} training step{plural}: optimizer on each side", name, opt_err,
+        judge(f"{label}{len(steps_at)} training step{plural}: optimizer on each side{suffix}", name, opt_err,
               sides.tolerances["optimizer"],
               note=f"every variable's update and slots against its own rule: legacy {rule_l.describe()}, "
                    f"modern {rule_m.describe()}"),
-        judge(f"{label}step counters", name, count_err, "exact", ok=counters_ok,
+        judge(f"{label}step counters{suffix}", name, count_err, "exact", ok=counters_ok,
               note="legacy global step and modern iterations +1 per step"
                    + ("; TF1's running beta powers = beta^t (64 eps32)" if legacy.powers else "")),
     ]
     if legacy.moving:
-        results.append(check_moving_statistics(sides, moving))
+        results.append(check_moving_statistics(sides, moving, suffix))
     return results
 
 
@@ -228,7 +230,7 @@ def moving_groups(legacy):
     return {n: sorted(ix, key=lambda i: legacy.moving[i].tower or 0) for n, ix in groups.items()}
 
 
-def check_moving_statistics(sides, per_step):
+def check_moving_statistics(sides, per_step, suffix=""):
     """EXPECTED (more than one update per statistic): legacy moves each moving statistic once per
     tower per step; the modern model once, by the replicas' mean.
 
@@ -244,8 +246,7 @@ def check_moving_statistics(sides, per_step):
     """
     legacy, modern, tol = sides.legacy, sides.modern, sides.tolerances["model"]
     groups = moving_groups(legacy)
-    feed, _ = legacy.feed(sides.batch(seed=1), True)
-    decay = {n: 1 - float(legacy.sess.run(legacy.moving[ix[0]].one_minus_decay, feed)) for n, ix in groups.items()}
+    decay = legacy.moving_decays()
     n_updates = max(len(ix) for ix in groups.values())
     errors, seen, gaps = [], {}, []
     for before, after_l, after_m, stats, step in per_step:
@@ -273,7 +274,7 @@ def check_moving_statistics(sides, per_step):
     note = (f"legacy: {n_updates} unordered update(s) of each of {len(groups)} shared statistics per step "
             f"({len(_SCHEDULES.get(n_updates, [0]))} possible schedules, {len(seen)} seen); modern: one update "
             f"by the replicas' mean" + (f"; the two predictions differ by >= {min(gaps):.2g}" if gaps else ""))
-    return judge(f"{sides.label}bn moving statistics", sides.pair.name, errors, tol, expected=n_updates > 1,
+    return judge(f"{sides.label}bn moving statistics{suffix}", sides.pair.name, errors, tol, expected=n_updates > 1,
                  ok=ok, note=note)
 
 

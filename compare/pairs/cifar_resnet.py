@@ -49,13 +49,16 @@ class Data:
                 "train": 3 * (n + 2) + 1, "valid": 3 * (n + 1) - 1}
 
     def write(self, folder, towers, seed):
+        sizes = self.sizes(towers)
+        return self.write_rows(folder, sizes["train"], seed, sizes["valid"])
+
+    def write_rows(self, folder, rows, seed, valid_rows=10):
         os.makedirs(folder, exist_ok=True)
         rng = np.random.RandomState(seed + 1)
         files = {}
-        for split in ("train", "valid"):
-            rows = self.sizes(towers)[split]
-            images = rng.randint(0, 256, size=(rows, 32, 32, 3)).astype(np.uint8)
-            labels = rng.randint(0, cifar10.NUM_CLASSES, size=rows)
+        for split, count in (("train", rows), ("valid", valid_rows)):
+            images = rng.randint(0, 256, size=(count, 32, 32, 3)).astype(np.uint8)
+            labels = rng.randint(0, cifar10.NUM_CLASSES, size=count)
             files[split] = os.path.join(folder, f"{split}.tfrecords")
             cifar10.write_tfrecords(files[split], images, labels)
         return files
@@ -88,6 +91,17 @@ class Legacy:
     def session_config(self, flags, towers):
         return programs.legacy_cifar.session_config(towers)
 
+    def input_pipeline(self, flags, towers, files):
+        return self.pipeline(programs.legacy_cifar.make_datasets(
+            [files["train"]], [files["valid"]], flags.batch_size, flags.valid_batch_size, flags.shuffle_buffer,
+            flags.epochs))
+
+    @staticmethod
+    def pipeline(data):
+        iterator, images, labels, val_iterator, val_images, val_labels = data
+        return LegacyPipeline(train=[(images, labels)], initializer=[iterator.initializer],
+                              valid=[(val_images, val_labels)], valid_initializer=[val_iterator.initializer])
+
     def build(self, flags, towers, files):
         program = programs.legacy_cifar
         data = program.make_datasets([files["train"]], [files["valid"]], flags.batch_size, flags.valid_batch_size,
@@ -95,7 +109,6 @@ class Legacy:
         ns = program.build_graph(num_towers=towers, split=flags.split,
                                  static_batch_size=max(1, flags.batch_size // towers),
                                  boundaries=flags.boundaries, values=flags.values)
-        iterator, images, labels, val_iterator, val_images, val_labels = data
 
         def feed(batch, training):
             keep = flags.keep_prob if training else 1.0
@@ -123,9 +136,7 @@ class Legacy:
             feed=feed, tower_logits=ns.tower_logits, tower_losses=ns.tower_losses, loss=ns.total_loss,
             grads_and_vars=ns.grads, train_op=ns.train_step, global_step=ns.global_step,
             learning_rate=ns.learning_rate,
-            pipeline=LegacyPipeline(train=[(images, labels)], initializer=[iterator.initializer],
-                                    valid=[(val_images, val_labels)], valid_initializer=[val_iterator.initializer]),
-            feed_towers=feed_towers, ns=ns, data=data)
+            pipeline=self.pipeline(data), feed_towers=feed_towers, ns=ns, data=data)
 
 
 @dataclasses.dataclass
@@ -152,6 +163,11 @@ class Modern:
     def parse_args(self, argv):
         return programs.modern_cifar.parse_args(argv)
 
+    def input_pipeline(self, flags, num_replicas, files):
+        return programs.modern_cifar.make_datasets([files["train"]], [files["valid"]], flags.batch_size,
+                                                   flags.valid_batch_size, flags.shuffle_buffer, flags.epochs,
+                                                   num_replicas=num_replicas)
+
     def build(self, flags, strategy, files):
         program = programs.modern_cifar
         flags.model_dir = os.path.join(files["scratch"], "modern_model")  # empty: nothing to resume
@@ -163,8 +179,7 @@ class Modern:
         n = strategy.num_replicas_in_sync
 
         def datasets():
-            return program.make_datasets([files["train"]], [files["valid"]], flags.batch_size,
-                                         flags.valid_batch_size, flags.shuffle_buffer, flags.epochs, num_replicas=n)
+            return self.input_pipeline(flags, n, files)
 
         return CifarBuild(
             model=model, optimizer=optimizer,
@@ -271,7 +286,7 @@ def check_profiles(sides):
 
 PAIR = Pair(
     name=NAME, legacy=Legacy(), modern=Modern(), data=Data(),
-    capabilities=frozenset({"pipelines", "checkpoint_converter", "tf1_runtime"}),
+    capabilities=frozenset({"pipelines", "checkpoint_converter", "tf1_runtime", "shuffle"}),
     pairings=(Pairing(""), Pairing("--split=weighted", legacy_argv=("--split", "weighted"), groups=("splits",),
                                    quick=False)),
     harness_argv=harness_argv, own_flags=("model_dir", "log_dir"),
@@ -279,7 +294,14 @@ PAIR = Pair(
     # rows the training loss amplifies float32 round-off past 1e-1 on either program alone.
     rows_per_tower=8, free_steps=20, quick_free_steps=0,
     flag_values=(("--boundaries", "3", "7", "--values", "0.002", "0.0005", "0.0001", "--keep_prob", "0.5",
-                  "--batch_size", "24", "--epochs", "3", "--valid_every", "7"),),
+                  "--batch_size", "5", "--valid_batch_size", "3", "--epochs", "3", "--shuffle_buffer", "1",
+                  "--valid_every", "7"),),
+    shuffle_rows=400, shuffle_argv=("--shuffle_buffer", "40", "--batch_size", "8", "--epochs", "2"),
+    loop_flags={"max_steps": "the training loop's step limit", "log_every": "the training loop's log interval",
+                "valid_every": "the training loop's validation interval",
+                "data_dir": "which files the program reads (the harness gives both programs the same files)",
+                "train_tfrecords": "which files the program reads", "test_tfrecords": "which files the program reads",
+                "pretrained": "the checkpoint restored before the first step (the harness sets both programs' state)"},
     extra_checks=extra_checks,
     description="legacy/cifar_resnet.py (slim ResNet-v2-50 towers) vs modern/cifar_resnet.py",
     module=__name__,

@@ -39,10 +39,13 @@ class Data:
     """MNIST TFRecords in the original's format (records.mnist) and raw-pixel batches (0..255, sparse)."""
 
     def write(self, folder, towers, seed):
+        return self.write_rows(folder, TRAIN_ROWS, seed)
+
+    def write_rows(self, folder, train_rows, seed):
         os.makedirs(folder, exist_ok=True)
         rng = np.random.RandomState(seed)
         files = {}
-        for split, rows in (("train", TRAIN_ROWS), ("eval", 200)):
+        for split, rows in (("train", train_rows), ("eval", 200)):
             images = rng.randint(0, 256, size=(rows, 784)) * (rng.rand(rows, 784) < 0.15)
             labels = rng.randint(0, 10, size=rows)
             files[split] = os.path.join(folder, f"mnist_{split}.tfrecords")
@@ -64,14 +67,22 @@ class Legacy:
     def session_config(self, flags, towers):
         return legacy_towers.session_config(towers)
 
+    def input_pipeline(self, flags, towers, files):
+        return LegacyPipeline(train=self.inputs(flags, towers, files, distinct=True))
+
+    @staticmethod
+    def inputs(flags, towers, files, distinct=False):
+        """The towers' inputs as the program's train() makes them: one get_input() for every tower, or
+        one per tower (--per_tower_batches); `distinct`: each get_next() once."""
+        if flags.per_tower_batches:
+            return programs.legacy_mnist.get_input(files["train"], flags.batch_size, num_batches=towers)
+        return programs.legacy_mnist.get_input(files["train"], flags.batch_size) * (1 if distinct else towers)
+
     def build(self, flags, towers, files):
         program = programs.legacy_mnist
         b = flags.batch_size
         with tf1.device("/cpu:0"):  # as the program's train(): simple ops on the CPU, the towers on theirs
-            if flags.per_tower_batches:
-                inputs = program.get_input(files["train"], b, num_batches=towers)
-            else:
-                inputs = program.get_input(files["train"], b) * towers  # one batch, every tower
+            inputs = self.inputs(flags, towers, files)
             ns = program.build_train_graph(
                 inputs, regularization_rate=flags.regularization_rate, learning_rate_base=flags.learning_rate_base,
                 learning_rate_decay=flags.learning_rate_decay, decay_steps=60000 / b,
@@ -111,6 +122,10 @@ class Modern:
     def parse_args(self, argv):
         return programs.modern_mnist.parse_args(argv)
 
+    def input_pipeline(self, flags, num_replicas, files):
+        return programs.modern_mnist.get_input(files["train"], flags.batch_size, num_replicas,
+                                               flags.same_batch_per_replica)
+
     def build(self, flags, strategy, files):
         program = programs.modern_mnist
         n = strategy.num_replicas_in_sync
@@ -121,7 +136,7 @@ class Modern:
         same = flags.same_batch_per_replica
 
         def dataset():
-            return program.get_input(files["train"], flags.batch_size, n, same)
+            return self.input_pipeline(flags, n, files)
 
         spec = cluster.distribute(strategy, None, dataset()).element_spec
         train_step = program.make_train_step(model, optimizer, strategy, ema, return_grads=True, element_spec=spec)
@@ -159,12 +174,17 @@ class Modern:
 
 PAIR = Pair(
     name=NAME, legacy=Legacy(), modern=Modern(), data=Data(),
-    capabilities=frozenset({"pipelines", "moving_averages", "evaluation", "checkpoint_converter"}),
+    capabilities=frozenset({"pipelines", "moving_averages", "evaluation", "checkpoint_converter", "shuffle"}),
     pairings=(Pairing("original", modern_argv=("--same_batch_per_replica",), same_rows_on_every_tower=True),
               Pairing("deviation", legacy_argv=("--per_tower_batches", "--ordered_ema"))),
     harness_argv=lambda towers: ("--batch_size", str(BATCH)),
     own_flags=("model_save_path",),
     rows_per_tower=BATCH, free_steps=10, quick_free_steps=4,
+    # More rows than both programs' shuffle buffer (the constant 10000), so that its size shows.
+    shuffle_rows=12000, shuffle_argv=("--batch_size", "100"),
+    loop_flags={"training_steps": "the training loop's step limit", "model_name": "the checkpoint files' name",
+                "data_path": "which file the program reads (the harness gives both programs the same file)",
+                "seed": "seeds the programs' random generators (the harness sets both programs' rows and state)"},
     flag_values=(("--batch_size", "37", "--learning_rate_base", "0.2", "--learning_rate_decay", "0.5",
                   "--regularization_rate", "0.01", "--training_steps", "7", "--moving_average_decay", "0.9"),),
     description="legacy/mnist_multi_gpu.py (the book's towers) vs modern/mnist_multi_gpu.py",

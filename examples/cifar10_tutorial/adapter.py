@@ -28,9 +28,12 @@ class Data:
     """Files in the CIFAR-10 binary format, and batches as the network receives them (24x24, standardised)."""
 
     def write(self, folder, towers, seed):
+        return self.write_rows(folder, 3 * ROWS_PER_TOWER * towers + 3, seed)
+
+    def write_rows(self, folder, train_rows, seed):
         rng = np.random.RandomState(seed)
         files = {}
-        for split, rows in (("train", 3 * ROWS_PER_TOWER * towers + 3), ("eval", 5 * ROWS_PER_TOWER)):
+        for split, rows in (("train", train_rows), ("eval", 5 * ROWS_PER_TOWER)):
             images = rng.randint(0, 256, size=(rows, 32, 32, 3)).astype(np.uint8)
             files[split] = cifar10_input.write_binary(os.path.join(folder, f"{split}.bin"), images,
                                                       rng.randint(0, 10, size=rows))
@@ -52,6 +55,9 @@ class Legacy:
 
     def session_config(self, flags, towers):
         return legacy_towers.session_config(towers)
+
+    def input_pipeline(self, flags, towers, files):
+        return LegacyPipeline(train=legacy_program.tower_inputs([files["train"]], flags.batch_size, towers, flags.distort))
 
     def build(self, flags, towers, files):
         with tf1.device("/cpu:0"):  # as the program's train()
@@ -91,12 +97,15 @@ class Modern:
     def parse_args(self, argv):
         return modern_program.parse_args(argv)
 
+    def input_pipeline(self, flags, num_replicas, files):
+        return modern_program.train_dataset([files["train"]], flags.batch_size, num_replicas, flags.distort)
+
     def build(self, flags, strategy, files):
         model, optimizer, ema, shadows, _ = modern_program.build(strategy, flags)
         n = strategy.num_replicas_in_sync
 
         def dataset():
-            return modern_program.train_dataset([files["train"]], flags.batch_size, n, flags.distort)
+            return self.input_pipeline(flags, n, files)
 
         spec = cluster.distribute(strategy, None, dataset()).element_spec
         step = modern_program.make_train_step(model, optimizer, strategy, ema, return_grads=True, element_spec=spec)
@@ -122,14 +131,19 @@ class Modern:
 
 PAIR = Pair(
     name="tutorial", legacy=Legacy(), modern=Modern(), data=Data(),
-    capabilities=frozenset({"pipelines", "moving_averages", "evaluation", "checkpoint_converter", "tf1_runtime"}),
+    capabilities=frozenset({"pipelines", "moving_averages", "evaluation", "checkpoint_converter", "tf1_runtime",
+                            "shuffle"}),
     pairings=(Pairing(""),),
     # Full batches of ROWS_PER_TOWER per tower; the random distortions off (they cannot be matched row
     # for row), so that the pipelines are compared batch for batch.
     harness_argv=lambda towers: ("--batch_size", str(ROWS_PER_TOWER), "--no-distort"),
     own_flags=("train_dir",),
     rows_per_tower=ROWS_PER_TOWER, free_steps=10, quick_free_steps=4,
-    flag_values=(("--batch_size", "32", "--max_steps", "7", "--no-distort"),),
+    flag_values=(("--batch_size", "32", "--max_steps", "7", "--distort"),),
+    # More rows than both programs' shuffle buffer (40% of an epoch, the constant 20000).
+    shuffle_rows=22000, shuffle_argv=("--batch_size", "100"),
+    loop_flags={"max_steps": "the training loop's step limit", "eval": "evaluates a checkpoint instead of training",
+                "data_dir": "which files the program reads (the harness gives both programs the same files)"},
     description="examples/cifar10_tutorial: the classic multi-GPU tutorial's style vs its Keras port",
     module=__name__,
 )

@@ -1,0 +1,342 @@
+"""Every flag both programs accept, at a value other than the harness's, through what each program builds.
+
+For each shared flag (those in `Pair.own_flags` and `Pair.loop_flags` aside, the latter reported with
+their reasons), both programs are built again with only that flag changed, and what they build is
+compared with what they built before, level by level, the cheap ones first:
+
+  pipeline   the input pipeline alone (LegacySide/ModernSide.input_pipeline): the rows of each step,
+             of the validation steps, whether a shuffled epoch starts in file order, whether two builds
+             give the same first batch (random preprocessing), its rows' checksum;
+  built      the whole program: each dropout's rate, batch norm's decay and epsilon, the optimizer and
+             its hyper-parameters, the learning rate at probed steps, the moving averages' decay;
+  step       one training step from the common start on fixed rows: its loss, its gradients' norm,
+             the moving averages after it.
+A flag must change something on BOTH sides (a port that parses a flag and builds from a constant
+changes nothing on its side: FAIL, naming the flag and the side), and what changed must agree between
+the sides where the two are comparable (the rows of each step, the rates, the schedule).  What a
+program builds differently from one build to the next (an unseeded shuffle) is measured by building it
+twice with the same flags, and left out.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from compare import tf1_graph
+from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
+from compare.report import TensorError, judge, not_applicable
+
+tf1 = tf.compat.v1
+PIPELINE_STEPS = 200   # at most this many training steps read (a pipeline that repeats forever)
+PROBES = (0, 1, 1000, 10 ** 5, 10 ** 6)
+
+
+def parse_quietly(parse_args, argv):
+    """parse_args(argv), or None when the parser refuses it (argparse exits)."""
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return parse_args(list(argv))
+    except SystemExit:
+        return None
+
+
+def groups_of(argv_lists):
+    """['--a', '1', '--b', '2', '3'] -> [('--a', '1'), ('--b', '2', '3')] for every argv list."""
+    out = []
+    for argv in argv_lists:
+        for token in argv:
+            if token.startswith("--"):
+                out.append([token])
+            elif out:
+                out[-1].append(token)
+    return [tuple(g) for g in out]
+
+
+def automatic_value(dest, default):
+    """An argv that sets `dest` to something other than `default`, from the default's type."""
+    flag = "--" + dest
+    if isinstance(default, bool):
+        return (f"--no-{dest}",) if default else (flag,)
+    if isinstance(default, int):
+        return flag, str(default * 2 if default else 1)
+    if isinstance(default, float):
+        return flag, repr(default / 2 if default else 0.5)
+    if isinstance(default, list) and default and all(isinstance(v, (int, float)) for v in default):
+        return (flag, *[str(type(v)(v * 2)) for v in default])
+    return None
+
+
+def value_for(dest, parse, base_argv, given):
+    """(argv, parsed flags) that change `dest` from its value under `base_argv`: a group of
+    Pair.flag_values that does, else one made from the type of the value; (None, None) if neither."""
+    base = parse(base_argv)
+    for group in given:
+        parsed = parse([*base_argv, *group])
+        if parsed is not None and getattr(parsed, dest, None) != getattr(base, dest, None):
+            return group, parsed
+    argv = automatic_value(dest, getattr(base, dest, None))
+    parsed = parse([*base_argv, *argv]) if argv else None
+    if parsed is not None and getattr(parsed, dest) != getattr(base, dest):
+        return argv, parsed
+    return None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# What each side builds, by level
+
+def legacy_pipeline(sides, flags):
+    pair = sides.pair
+    if not callable(getattr(pair.legacy, "input_pipeline", None)):
+        return {}
+
+    def read(shuffled, seed=0):
+        graph = tf1.Graph()
+        with graph.as_default():
+            tf1.set_random_seed(sides.seed + 11 + seed)
+            if shuffled:
+                pipeline = pair.legacy.input_pipeline(flags, sides.towers, sides.files)
+            else:
+                with shuffle_off():
+                    pipeline = pair.legacy.input_pipeline(flags, sides.towers, sides.files)
+        with tf1.Session(graph=graph) as sess:
+            train = legacy_batches(sess, pipeline.train, pipeline.initializer, 1, PIPELINE_STEPS)
+            valid = legacy_batches(sess, pipeline.valid, pipeline.valid_initializer, 1, PIPELINE_STEPS) \
+                if pipeline.valid else []
+        return train, valid
+    return describe(read, sides.towers if sides.pairing.same_rows_on_every_tower else 1)
+
+
+def modern_pipeline(sides, flags):
+    pair = sides.pair
+    if not callable(getattr(pair.modern, "input_pipeline", None)):
+        return {}
+
+    def read(shuffled, seed=0):
+        if shuffled:
+            built = pair.modern.input_pipeline(flags, sides.towers, sides.files)
+        else:
+            with shuffle_off():
+                built = pair.modern.input_pipeline(flags, sides.towers, sides.files)
+        train, valid = built if isinstance(built, tuple) else (built, None)
+        return modern_batches(train, PIPELINE_STEPS), (modern_batches(valid, PIPELINE_STEPS) if valid is not None else [])
+    return describe(read, 1)
+
+
+def describe(read, towers_each):
+    """The pipeline level's fingerprint from `read(shuffled, seed) -> (train batches, valid batches)`."""
+    train_off, valid_off = read(False)
+    train_again, _ = read(False, seed=1)
+    train_on, _ = read(True)
+    key = lambda x, y: np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()  # noqa: E731
+    order = [key(x, y) for b in train_off for x, y in zip(b[0], b[1])]
+    shuffled = [key(x, y) for b in train_on for x, y in zip(b[0], b[1])]
+    head = min(32, len(order))
+    return {
+        "rows of each step": tuple(round(float(np.sum(w)) * towers_each, 6) for _, _, w in train_off),
+        "rows of each validation step": tuple(round(float(np.sum(w)), 6) for _, _, w in valid_off),
+        "a shuffled epoch starts in file order": shuffled[:head] == order[:head],
+        # As sets of rows: towers that each take the next batch of one stream take them in no fixed order.
+        "two builds give the same first batch": bool(train_off) and bool(train_again) and sorted(
+            key(x, y) for x, y in zip(*train_off[0][:2])) == sorted(key(x, y) for x, y in zip(*train_again[0][:2])),
+        "checksum of the first batch": round(float(np.sum(np.asarray(train_off[0][0], np.float64))), 3)
+        if train_off else None,
+    }
+
+
+def legacy_built(sides, flags):
+    """The built level of the legacy program, from a build of its own with ONE tower (what a flag
+    builds does not depend on the tower count, and a tower less is a build less)."""
+    from compare.sides import LegacyRun
+    with shuffle_off():
+        run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed)
+    try:
+        batch = sides.batch(seed=1)
+        feed, _ = run.feed(batch, True)
+        out = {f"dropout {run.dropout_index(d)} rate": round(float(run.sess.run(d.rate, feed)), 7)
+               for d in run.dropouts if d.tower == 0}
+        decays = run.moving_decays()
+        for u in run.moving:
+            if u.tower in (0, None):
+                out[f"{u.variable.op.name} decay"] = round(decays[u.variable.op.name], 7)
+                out[f"{u.variable.op.name} epsilon"] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
+        rule = run.rule
+        out["optimizer"] = (rule.rule, rule.nesterov, round(rule.beta1, 7), round(rule.beta2, 7),
+                            round(rule.epsilon, 12), round(rule.momentum, 7))
+        out.update({f"learning rate at step {s}": run.learning_rate_at(s) for s in PROBES})
+        if run.shadows:
+            name = sorted(run.shadows)[0]
+            _, _, one_minus = tf1_graph.shadow_update(run.graph, run.shadows[name])
+            decay = tf1_graph.StepFunction(run.graph, one_minus, run.global_step_var, run.sess)
+            out.update({f"moving-average decay at step {s}": round(1 - decay(s), 9) for s in (0, 10 ** 6)})
+        return out, run
+    except BaseException:
+        run.close()
+        raise
+
+
+def modern_built(sides, flags):
+    """The built level of the modern program, from a build of its own on ONE replica."""
+    from compare import common
+    from compare.sides import ModernRun
+    with shuffle_off():
+        run = ModernRun(sides.pair, flags, common.make_strategy(1), sides.files, sides.legacy)
+    out = {f"dropout {k} rate": round(float(np.float32(layer.rate)), 7) for k, layer in enumerate(run.dropouts)}
+    by_id = {id(v): n for n, v in run.names.items()}
+    for layer in run.batch_norms:
+        name = by_id.get(id(layer.moving_mean), layer.name)
+        out[f"{name} decay"] = round(float(np.float32(layer.momentum)), 7)
+        out[f"{name} epsilon"] = float(np.float32(layer.epsilon))
+    rule = run.rule
+    out["optimizer"] = (rule.rule, rule.nesterov, round(float(np.float32(rule.beta1)), 7),
+                        round(float(np.float32(rule.beta2)), 7), round(rule.epsilon, 12),
+                        round(float(np.float32(rule.momentum)), 7))
+    from compare.checks.steps import modern_rate_at
+    out.update({f"learning rate at step {s}": float(np.float32(modern_rate_at(run, s))) for s in PROBES})
+    return out, run
+
+
+def step_result(sides, run, side):
+    """One training step from the common start, at a step past any warm-up (10^6) and with the shadows
+    moved off the weights, so that their update shows the decay, on fixed rows: loss, gradients' norm,
+    shadows after."""
+    state = sides.start.replace(step=10 ** 6)
+    if state.shadows:
+        state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
+    batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one tower's (or replica's) rows
+    if side == "legacy":
+        run.set_state(state)
+        loss, _, grads, _ = run.train(batch, fixed(sides, run, batch))
+        shadows = run.sess.run(dict(run.shadows)) if run.shadows else {}
+    else:
+        lr = sides.legacy.learning_rate_at(state.step)
+        run.set_state(state, lr)
+        out = run.step(batch, before=state)
+        loss, grads = out["loss"], out["gradients"]
+        shadows = run.shadow_values()
+    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in grads.values()))
+    result = {"step: loss": round(loss, 6), "step: gradients' norm": round(norm, 6)}
+    if shadows:
+        result["step: moving averages after"] = round(sum(float(np.sum(v)) for v in shadows.values()), 5)
+    return result
+
+
+def fixed(sides, run, batch):
+    """Masks that keep every unit, for a legacy run without dropout noise."""
+    if not run.dropouts:
+        return None
+    _, feed = run.feed(batch, True)
+    shapes = {run.dropout_index(d): tuple(d.noise.shape[1:]) for d in run.dropouts if d.tower == 0}
+    return [[np.ones((len(r), *shapes[k]), np.float32) for r in feed.rows] for k in sorted(shapes)]
+
+
+# ---------------------------------------------------------------------------------------------
+
+class Side:
+    """One side's fingerprints under some flags, computed level by level on demand."""
+
+    def __init__(self, sides, name, flags):
+        self.sides, self.name, self.flags = sides, name, flags
+        self._levels, self._run = {}, None
+
+    def level(self, which):
+        if which not in self._levels:
+            if which == "pipeline":
+                self._levels[which] = (legacy_pipeline if self.name == "legacy" else modern_pipeline)(self.sides, self.flags)
+            elif which == "built":
+                self._levels[which], self._run = (legacy_built if self.name == "legacy" else modern_built)(
+                    self.sides, self.flags)
+            else:
+                self.level("built")
+                self._levels[which] = step_result(self.sides, self._run, self.name)
+        return self._levels[which]
+
+    def close(self):
+        if self._run is not None and self.name == "legacy":
+            self._run.close()
+
+
+def changed(base, other, noisy):
+    return sorted(k for k in other if k not in noisy and base.get(k) != other.get(k))
+
+
+COMPARABLE = ("rows of each step", "rows of each validation step", "a shuffled epoch starts in file order",
+              "learning rate at step", "dropout", "moving-average decay at step")
+
+
+def check_flags(sides):
+    """See the module docstring."""
+    pair, name = sides.pair, f"{sides.label}flags through what they build"
+    from compare.checks.basics import tower_dests
+    base_l = [pair.legacy.tower_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.legacy_argv]
+    base_m = [pair.modern.replica_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.modern_argv]
+    parse_l = lambda argv: parse_quietly(pair.legacy.parse_args, argv)  # noqa: E731
+    parse_m = lambda argv: parse_quietly(pair.modern.parse_args, argv)  # noqa: E731
+    skip = set(pair.own_flags) | set(pair.loop_flags) | tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag) \
+        | tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
+    shared = sorted((set(vars(parse_l(base_l))) & set(vars(parse_m(base_m)))) - skip)
+    if not shared:
+        return not_applicable(name, pair.name, "the programs share no flag besides the tower count and those "
+                                               "the adapter lists as loop-only or each program's own")
+    given = groups_of(pair.flag_values)
+    baseline = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
+    again = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
+    errors, notes, opened = [], [], list(baseline.values()) + list(again.values())
+    try:
+        for flag in shared:
+            argv, flags_l = value_for(flag, parse_l, base_l, given)
+            _, flags_m = (argv and (argv, parse_m([*base_m, *argv]))) or (None, None)
+            if argv is None or flags_m is None or getattr(flags_m, flag) == getattr(parse_m(base_m), flag):
+                errors.append(TensorError(f"--{flag}: no value other than the harness's that both programs take "
+                                          f"(give one in Pair.flag_values)", 1.0, 1.0, math.inf))
+                continue
+            trial = {"legacy": Side(sides, "legacy", flags_l), "modern": Side(sides, "modern", flags_m)}
+            opened += list(trial.values())
+            found, seen_at = {}, {}
+            for level in ("pipeline", "built", "step"):
+                for side in ("legacy", "modern"):
+                    if side in found:
+                        continue
+                    # The built level is deterministic (settings read off the build); the others are
+                    # measured twice for what varies from one build to the next.
+                    noisy = set() if level == "built" else set(
+                        changed(baseline[side].level(level), again[side].level(level), set()))
+                    diff = changed(baseline[side].level(level), trial[side].level(level), noisy)
+                    if diff:
+                        found[side], seen_at[side] = diff, level
+                if len(found) == 2:
+                    break
+            differ = []
+            for key in set(found.get("legacy", [])) & set(found.get("modern", [])):
+                if key.startswith(COMPARABLE):
+                    a, b = trial["legacy"].level(seen_at["legacy"]).get(key), trial["modern"].level(seen_at["modern"]).get(key)
+                    if key.startswith("rows of each"):
+                        # The steps both read: at the end of the data a legacy step whose towers each
+                        # take the next batch raises OutOfRange as soon as one tower finds none.
+                        a, b = a[:min(len(a), len(b))], b[:min(len(a), len(b))]
+                    if a != b:
+                        differ.append(f"{key}: legacy {a} vs modern {b}")
+            missing = [s for s in ("legacy", "modern") if s not in found]
+            ok = not missing and not differ
+            what = ' '.join(argv)
+            if missing:
+                detail = f"changes nothing the {' and '.join(missing)} program builds"
+            elif differ:
+                detail = "; ".join(differ[:2])
+            else:
+                detail = f"changes {', '.join(found['legacy'][:2])} / {', '.join(found['modern'][:2])}"
+            errors.append(TensorError(f"{what}: {detail}", float(len(found.get("legacy", []))),
+                                      float(len(found.get("modern", []))), 0.0 if ok else math.inf))
+            notes.append(f"{flag} ({seen_at.get('legacy', '-')}/{seen_at.get('modern', '-')})")
+            for s in trial.values():
+                s.close()
+    finally:
+        for s in opened:
+            s.close()
+    loop = ", ".join(f"{f} ({why})" for f, why in sorted(pair.loop_flags.items()))
+    return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
+                 note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
+                      + (f"; read by the training loop only, not judged here: {loop}" if loop else ""))

@@ -1,0 +1,128 @@
+"""The training pipelines as the programs run them: their own shuffle, over two epochs.
+
+Each side's pipeline (LegacySide.input_pipeline, ModernSide.input_pipeline) reads a training file of
+`Pair.shuffle_rows` rows (DataSpec.write_rows), once with shuffling off (which gives each row's index
+in the file) and once as the program builds it, for two epochs.  The two sides draw their
+permutations from different seeds, so the orders are not compared row for row; their statistics are,
+each with a bound a correct port stays inside and a wrong shuffle does not:
+
+  epoch 1 a permutation   every row once before the second epoch starts (shuffle before repeat): the
+                          same on both sides
+  displacement            each row's position in epoch 1 minus its index in the file: the two
+                          distributions alike (two-sample Kolmogorov-Smirnov at alpha 1e-6).  A buffer
+                          ten times smaller moves rows ten times less.
+  neighbours kept         the fraction of consecutive rows of epoch 1 that are neighbours in the file:
+                          alike within 5 sigma.  A shuffle after batching keeps each batch's rows together.
+  epochs alike            the fraction of positions holding the same row in both epochs: alike within
+                          5 sigma.  Without reshuffling every position does.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
+from compare.report import TensorError, Tolerance, judge, not_applicable
+
+tf1 = tf.compat.v1
+ALPHA = 1e-6
+SIGMAS = 5
+
+
+def legacy_rows(sides, flags, files, rows, shuffled=True):
+    """At least `rows` of the legacy pipeline's rows, in order, from a graph of their own."""
+    graph = tf1.Graph()
+    with graph.as_default():
+        if shuffled:
+            tf1.set_random_seed(sides.seed + 11)
+            pipeline = sides.pair.legacy.input_pipeline(flags, sides.towers, files)
+        else:
+            with shuffle_off():
+                pipeline = sides.pair.legacy.input_pipeline(flags, sides.towers, files)
+    with tf1.Session(graph=graph) as sess:
+        batches = legacy_batches(sess, pipeline.train, pipeline.initializer, 1, rows=rows)
+    return [row for x, y, _ in batches for row in zip(x, y)]
+
+
+def modern_rows(sides, flags, files, rows, shuffled=True):
+    """At least `rows` of the modern pipeline's rows, in order."""
+    n = sides.towers
+    if shuffled:
+        dataset = sides.pair.modern.input_pipeline(flags, n, files)
+    else:
+        with shuffle_off():
+            dataset = sides.pair.modern.input_pipeline(flags, n, files)
+    dataset = dataset[0] if isinstance(dataset, tuple) else dataset  # (train, valid): the training one
+    copies = sides.towers if sides.pairing.same_rows_on_every_tower else 1  # one batch tiled for every replica
+    return [row for x, y, w in modern_batches(dataset, rows=rows * copies) for row in list(zip(x, y))[:len(x) // copies]]
+
+
+def keys(rows):
+    return [np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes() for x, y in rows]
+
+
+def statistics(stream, index, rows):
+    """(epoch 1 is a permutation, displacements, neighbours-kept fraction, epochs-alike fraction)."""
+    first = [index.get(k, -1) for k in stream[:rows]]
+    second = [index.get(k, -1) for k in stream[rows:2 * rows]]
+    permutation = sorted(first) == list(range(rows))
+    displacement = np.array([p - i for p, i in enumerate(first)], np.float64)
+    neighbours = float(np.mean([abs(a - b) == 1 for a, b in zip(first, first[1:])]))
+    alike = float(np.mean([a == b for a, b in zip(first, second)])) if len(second) == rows else float("nan")
+    return permutation, displacement, neighbours, alike
+
+
+def ks_statistic(a, b):
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    values = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), values, side="right") / len(a)
+    cdf_b = np.searchsorted(np.sort(b), values, side="right") / len(b)
+    return float(np.max(np.abs(cdf_a - cdf_b)))
+
+
+def check_shuffle(sides):
+    name = f"{sides.label}shuffled pipelines (two epochs)"
+    pair = sides.pair
+    if ("shuffle" not in pair.capabilities or not callable(getattr(pair.legacy, "input_pipeline", None))
+            or not callable(getattr(pair.modern, "input_pipeline", None))
+            or not callable(getattr(pair.data, "write_rows", None))):
+        return not_applicable(name, pair.name, "the adapter declares no shuffled pipelines (capability 'shuffle')")
+    rows = pair.shuffle_rows
+    files = dict(pair.data.write_rows(os.path.join(sides.tmp_dir, f"{pair.name}_shuffle"), rows, sides.seed))
+    argv = (*pair.harness_argv(sides.towers), *pair.shuffle_argv)
+    legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(sides.towers), *argv, *sides.pairing.legacy_argv])
+    modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(sides.towers), *argv, *sides.pairing.modern_argv])
+    out, notes = {}, []
+    for side, read, flags in (("legacy", legacy_rows, legacy_flags), ("modern", modern_rows, modern_flags)):
+        order = keys(read(sides, flags, files, rows, shuffled=False))[:rows]
+        index = {k: i for i, k in enumerate(order)}
+        stream = keys(read(sides, flags, files, 2 * rows))
+        if len(index) != rows or len(stream) < 2 * rows:
+            return judge(name, pair.name, [], "exact", ok=False,
+                         note=f"{side}: {len(index)} distinct rows in file order, {len(stream)} rows in the stream "
+                              f"(two epochs of {rows} needed)")
+        out[side] = statistics(stream, index, rows)
+    (perm_l, disp_l, nb_l, alike_l), (perm_m, disp_m, nb_m, alike_m) = out["legacy"], out["modern"]
+    d = ks_statistic(disp_l, disp_m)
+    d_crit = math.sqrt(-math.log(ALPHA / 2) / 2) * math.sqrt(2 / rows)
+
+    def binomial(a, b):
+        p = max((a + b) / 2, 1 / rows)
+        return abs(a - b) / (SIGMAS * math.sqrt(2 * p * (1 - p) / rows))
+
+    errors = [TensorError("epoch 1 a permutation (legacy, modern)", float(perm_l), float(perm_m),
+                          0.0 if perm_l == perm_m else math.inf),
+              TensorError("displacement in epoch 1: KS statistic over its alpha 1e-6 bound", d, d_crit, d / d_crit),
+              TensorError("neighbours kept: |legacy - modern| over 5 sigma", abs(nb_l - nb_m), nb_l, binomial(nb_l, nb_m)),
+              TensorError("epochs alike: |legacy - modern| over 5 sigma", abs(alike_l - alike_m), alike_l,
+                          binomial(alike_l, alike_m))]
+    spread = lambda disp: f"{np.mean(np.abs(disp)):.0f}"  # noqa: E731
+    tolerance = Tolerance("sampling", 1.0, "each statistic over its bound: the KS statistic over its critical value "
+                                           "at alpha 1e-6, the fractions' difference over 5 binomial sigma")
+    return judge(name, pair.name, errors, tolerance,
+                 note=f"{rows} rows, two epochs each: mean |displacement| legacy {spread(disp_l)} / modern {spread(disp_m)} "
+                      f"rows, neighbours kept {nb_l:.3f} / {nb_m:.3f}, epochs alike {alike_l:.3f} / {alike_m:.3f}, "
+                      f"epoch 1 a permutation {perm_l} / {perm_m}")
