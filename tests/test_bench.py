@@ -50,12 +50,9 @@ def test_tiny_json_values_are_sane(tiny):
         assert c["peak_rss_mb"] > 50  # TensorFlow alone is hundreds of MB
         # 784*500 + 500*10 multiply-adds, plus the bias adds and the ReLU-free softmax-free head:
         assert 2 * (784 * 500 + 500 * 10) <= c["forward_flops_per_example"] < 1.01 * 2 * (784 * 500 + 500 * 10) + 2000
-        assert c["achieved_gflops"] == pytest.approx(c["examples_per_sec_median"] * 3 * c["forward_flops_per_example"] / 1e9)
-        assert c["share_of_matmul_peak"] == pytest.approx(c["achieved_gflops"] / peak)
+        assert 0 < c["share_of_matmul_peak"] < 1.5  # the MLP step cannot run far above a matmul's peak
         assert 0 < c["cpu_busy"] <= 1.05
         assert c["vs_legacy"] > 0
-    legacy = next(c for c in report["configurations"] if c["variant"] == "legacy")
-    assert legacy["vs_legacy"] == 1.0
 
 
 def test_repeats_are_interleaved_and_every_run_is_summarised(monkeypatch, capsys, tmp_path):
@@ -80,11 +77,18 @@ def test_repeats_are_interleaved_and_every_run_is_summarised(monkeypatch, capsys
     out = capsys.readouterr().out
     assert out.count("[repeat 1/2") == 4 and out.count("[repeat 2/2") == 4
     assert out.index("[repeat 1/2, 4/4]") < out.index("[repeat 2/2, 1/4]")
-    # modern at 2 replicas ran 4th and 8th: 3 timed steps of 0.05 s and 3 of 0.09 s, 100 rows each.
-    record = json.loads(path.read_text())["configurations"][3]
+    # modern at 2 replicas ran 4th and 8th: 3 timed steps of 0.05 s and 3 of 0.09 s, 100 rows each;
+    # legacy at 2 replicas 3rd and 7th: 0.04 s and 0.08 s.  Every figure below is worked out here from
+    # those inputs (and the calibration: 1 MFLOP forward per example, a 100 GFLOP/s peak).
+    records = json.loads(path.read_text())["configurations"]
+    record, legacy = records[3], records[2]
     assert (record["variant"], record["replicas"], record["repeats"], record["timed_steps"]) == ("modern", 2, 2, 6)
-    assert record["examples_per_sec_median"] == pytest.approx((100 / 0.05 + 100 / 0.09) / 2)
+    modern_median = (100 / 0.05 + 100 / 0.09) / 2  # the median of 3 x 2000 and 3 x 1111 examples/sec
+    assert record["examples_per_sec_median"] == pytest.approx(modern_median)
     assert record["examples_per_sec_min"] == pytest.approx(100 / 0.09)
+    assert record["vs_legacy"] == pytest.approx(modern_median / ((100 / 0.04 + 100 / 0.08) / 2))
+    assert record["achieved_gflops"] == pytest.approx(modern_median * 3 * 1e6 / 1e9)  # forward + 2x backward
+    assert record["share_of_matmul_peak"] == pytest.approx(modern_median * 3e6 / 1e9 / 100)
 
 
 def test_bad_variant_is_refused():
