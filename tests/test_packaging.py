@@ -1,8 +1,11 @@
 """pyproject.toml: what `pip install .` installs, the commands it creates, and what the README says of it."""
 import ast
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
+import textwrap
 import tomllib
 
 import pytest
@@ -55,3 +58,31 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     with pytest.raises(ModuleNotFoundError, match=re.escape("--plot needs matplotlib")):
         report.write_plot(str(tmp_path / "plot.png"), [])
+
+
+def test_installed_package_serves_tf1_layers_from_any_folder(tmp_path):
+    """`pip install .` (here into a folder of its own) gives a user's program the shim: tf-slim's
+    in-place batch norm and tf.compat.v1.layers build, run from a folder outside the checkout."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT)], check=True, capture_output=True)
+    program = tmp_path / "user_program.py"
+    program.write_text(textwrap.dedent("""
+        from legacy import slim_compat  # noqa: F401  (before tf_slim)
+        import numpy as np
+        import tensorflow.compat.v1 as tf
+        import tf_slim as slim
+        with tf.Graph().as_default():
+            x = tf.constant(np.ones((4, 3), np.float32))
+            y = slim.batch_norm(x, is_training=True, updates_collections=None)
+            z = tf.layers.dense(y, 2)
+            with tf.Session() as sess:
+                sess.run(tf.global_variables_initializer())
+                print("shape", sess.run(z).shape, "from", slim_compat.__file__)
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"shape (4, 2) from {site}" in done.stdout
