@@ -33,8 +33,8 @@ class DeviceSetupError(UsageError):
 # A logical GPU must be given a memory limit (TF 2.21 raises "Setting memory limit is required for
 # GPU virtual devices" otherwise), and no public API tells a GPU's memory before the runtime starts
 # (`tf.config.experimental.get_device_details` gives only its name and compute capability).  So the
-# limit is a setting: MB per logical GPU, used only when replicas share a GPU.  4096 MB is a guess,
-# not a measurement (no GPU ran this code): with k replicas per GPU, keep k times the limit below
+# limit is a setting: MB per logical GPU, used only when replicas share a GPU.  4096 MB is a default,
+# not derived from any GPU: with k replicas per GPU, keep k times the limit below
 # the GPU's memory, leaving room for CUDA's own context.
 GPU_MEMORY_VARIABLE = "REPLICA_GPU_MEMORY_MB"
 DEFAULT_GPU_MEMORY_MB = 4096
@@ -52,7 +52,8 @@ def gpu_memory_per_replica_mb():
 def configure_devices(num_replicas):
     """Make `num_replicas` devices available and return their names.
 
-    GPUs are used when there are at least `num_replicas` of them.  With G fewer (but some), each GPU
+    GPUs are used when there are at least `num_replicas` of them, each taking memory as it needs it
+    (memory growth: the original's `allow_growth`).  With G fewer (but some), each GPU
     is split into logical GPUs, as many as the legacy round robin puts towers on it (N // G, one more
     on the first N % G GPUs; two replicas on one GPU: two logical GPUs), each limited to
     `gpu_memory_per_replica_mb()` MB.  TF numbers logical GPUs GPU by GPU, so the replicas get
@@ -63,9 +64,14 @@ def configure_devices(num_replicas):
     (the first `num_replicas` of them), so a test process can build strategies of several sizes.
     """
     if num_replicas < 1:
-        raise DeviceSetupError(f"--num_replicas must be at least 1, got {num_replicas}.")
+        raise DeviceSetupError(f"--towers must be at least 1, got {num_replicas}.")
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
+        for gpu in gpus:  # the original's gpu_options.allow_growth: take GPU memory as needed
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:  # the runtime has started: its setting stays
+                pass
         return [f"/gpu:{i}" for i in range(num_replicas)]
     if gpus:
         logical_gpu = tf.config.LogicalDeviceConfiguration(memory_limit=gpu_memory_per_replica_mb())
@@ -126,8 +132,7 @@ def cross_device_ops(devices, reduction="auto"):
     174 ResNet gradients into a few large tensors (ConcatV2), reduces them, and splits them again.
     "one_device": `ReductionToOneDevice`, an add_n of the replicas' copies on the first device and
     a copy back to each: on virtual CPU devices, which share one memory and two cores, it skips the
-    packing and the collective's rendezvous (profile: ~65 ms of ConcatV2/SplitV per step at batch
-    64), and for two replicas the sum a + b is the same float32 number either way.
+    packing and the collective's rendezvous, and for two replicas the sum a + b is the same float32 number either way.
     "auto": "one_device" on virtual CPU devices and on logical GPUs that share a physical GPU, the
     strategy's default (NCCL) on whole GPUs.  NCCL cannot reduce between two logical devices of
     one GPU (NCCL 2.5+ refuses two ranks on one device: "Duplicate GPU detected"), and TF's own
@@ -184,7 +189,7 @@ def enable_determinism(seed):
 
 def add_seed_flags(parser):
     """The modern trainers' --seed and --deterministic (read by `seed_program`)."""
-    parser.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded, as the original)")
     parser.add_argument("--deterministic", action="store_true",
                         help="seed everything (--seed, default 0) and enable op determinism")
 

@@ -59,14 +59,18 @@ def test_legacy_gpu_towers_keep_the_originals_session_config_and_grappler(monkey
     assert dict(cpu_config.device_count) == {"CPU": 2}
 
 
-def test_modern_replicas_go_to_gpu_i_without_touching_the_cpu(monkeypatch):
+def test_modern_replicas_go_to_gpu_i_with_memory_growth_without_touching_the_cpu(monkeypatch):
     _fake_gpus(monkeypatch, 2)
 
     def must_not_split(*args):
         raise AssertionError("the CPU must not be split into logical devices when GPUs exist")
 
     monkeypatch.setattr(tf.config, "set_logical_device_configuration", must_not_split)
+    growth = []
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda gpu, on: growth.append((gpu.name, on)))
     assert runtime.configure_devices(2) == ["/gpu:0", "/gpu:1"]
+    # The original's gpu_options.allow_growth, on every GPU.
+    assert growth == [("/physical_device:GPU:0", True), ("/physical_device:GPU:1", True)]
     assert runtime.placement_message(["/gpu:0", "/gpu:1"]) == "replicas placed on 2 GPUs: /gpu:0, /gpu:1"
 
 
