@@ -20,7 +20,7 @@ One run measures, on the same machine, model, global batch and tower / replica c
          modern-strategy-iterator  the same fed by `strategy.experimental_distribute_dataset`
          modern-collective  the same as modern with MirroredStrategy's default collective all-reduce
          modern-keras-adam  collective all-reduce, Keras' own Adam, op by op (`make_optimizer(fused=False)`),
-                            and the strategy's iterator: the modern program before issue 9
+                            and the strategy's iterator: all three changes undone
   mnist  legacy             legacy/mnist_multi_gpu.py as the original runs it: one batch for every tower
          legacy-per-tower   its --per_tower_batches: each tower its own batch
          modern             modern/mnist_multi_gpu.py's step as it ships (each replica its own batch)
@@ -66,6 +66,8 @@ if __package__ in (None, ""):  # `python compare/bench.py`: make the repository 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from records.usage import ArgumentParser, at_least  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "cifar": ("legacy-feed", "legacy-iterator", "modern", "modern-strategy-iterator", "modern-collective",
@@ -90,31 +92,31 @@ FIELDS = ("model", "variant", "replicas", "batch", "examples_per_sec_median", "e
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", choices=("cifar", "mnist", "all"), default="all")
-    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="towers = replicas")
-    p.add_argument("--batch", type=int, nargs="+", default=None,
-                   help="CIFAR: the global batch (default 16 64); MNIST: the programs' per-tower "
-                        "BATCH_SIZE (default 100)")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("cifar", "mnist", "all"), default="all", help="which programs")
+    p.add_argument("--replicas", type=at_least(1), nargs="+", default=[1, 2], help="towers = replicas")
+    p.add_argument("--batch", type=at_least(1), nargs="+", default=None,
+                   help="CIFAR: the global batch (default: 16 64); MNIST: the programs' per-tower "
+                        "BATCH_SIZE (default: 100)")
     p.add_argument("--variants", nargs="+", default=None,
-                   help=f"a subset of the variants ({', '.join(v for vs in VARIANTS.values() for v in vs)})")
-    p.add_argument("--warmup", type=int, default=10, help="steps run before timing (the first included)")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per process")
-    p.add_argument("--repeats", type=int, default=2, help="processes per configuration, interleaved")
-    p.add_argument("--matmul_size", type=int, default=2048)
+                   help=f"a subset of the variants ({', '.join(v for vs in VARIANTS.values() for v in vs)}) "
+                        f"(default: all)")
+    p.add_argument("--warmup", type=at_least(1), default=10, help="steps run before timing (the first included)")
+    p.add_argument("--steps", type=at_least(1), default=30, help="timed steps per process")
+    p.add_argument("--repeats", type=at_least(1), default=2, help="processes per configuration, interleaved")
+    p.add_argument("--matmul_size", type=at_least(1), default=2048,
+                   help="side of the float32 matmul whose speed is the peak the table compares with")
     p.add_argument("--tiny", action="store_true", help="the tests' configuration: " + ", ".join(
         f"{k} {v}" for k, v in TINY.items()))
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", default=None, help="write the results here (default: none)")
     p.add_argument("--trace", default=None,
-                   help="write a tf.profiler trace of the last 3 timed steps of each process here")
+                   help="write a tf.profiler trace of the last 3 timed steps of each process into this "
+                        "folder (default: none)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         for key, value in TINY.items():
             setattr(args, key, value)
-    if min(args.replicas) < 1 or args.warmup < 1 or args.steps < 1 or args.repeats < 1:
-        p.error("--replicas, --warmup, --steps and --repeats must be at least 1")
     known = {v for vs in VARIANTS.values() for v in vs}
     if args.variants and not set(args.variants) <= known:
         p.error(f"unknown variants {sorted(set(args.variants) - known)}; known: {sorted(known)}")
@@ -223,7 +225,7 @@ def cifar_legacy_worker(spec, launched):
 
 def distribute(strategy, dataset, inputs):
     """The modern programs' input path (`modern.cluster.distribute`, as their `train`), or with
-    inputs="strategy" the strategy's own distributed iterator (the programs before issue 9)."""
+    inputs="strategy" the strategy's own distributed iterator."""
     from modern import cluster
     if inputs == "strategy":
         return strategy.experimental_distribute_dataset(dataset)

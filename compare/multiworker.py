@@ -57,6 +57,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from compare.report import TensorError, judge, tensor_error  # noqa: E402
+from records.usage import ArgumentParser, at_least  # noqa: E402
 
 MODEL = "mnist"
 BATCH = 8           # rows per replica
@@ -140,7 +141,7 @@ def train_legacy_towers(ref_dir, cluster_dir, out_dir, num_towers, steps, defect
     from legacy import mnist_multi_gpu as legacy_mnist
     from legacy.towers import session_config
     tf1 = tf.compat.v1
-    args = legacy_mnist.parse_args(["--num_gpus", str(num_towers), "--batch_size", str(BATCH),
+    args = legacy_mnist.parse_args(["--towers", str(num_towers), "--batch_size", str(BATCH),
                                     "--per_tower_batches", "--ordered_ema"])
     reference = np.load(os.path.join(ref_dir, "steps0.npz"))
     worker0 = np.load(os.path.join(cluster_dir, "steps0.npz"))
@@ -251,7 +252,7 @@ def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeou
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         log(f"multiworker: 1 worker x {workers} replicas, {steps} steps")
         done = subprocess.run([sys.executable, *_worker_command(ref_dir, steps, seed, defect),
-                               "--num_replicas", str(workers)], env=env, capture_output=True, text=True,
+                               "--towers", str(workers)], env=env, capture_output=True, text=True,
                               timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"the 1-worker reference failed ({done.returncode}):\n{done.stdout}{done.stderr}")
@@ -285,14 +286,15 @@ def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeou
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--defect", choices=DEFECTS, default=None, help="plant a defect: the check must FAIL")
+    p = ArgumentParser(prog="python -m compare.multiworker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=at_least(2), default=2, help="workers of the cluster (1 replica each)")
+    p.add_argument("--steps", type=at_least(1), default=6, help="training steps compared")
+    p.add_argument("--seed", type=int, default=0, help="seed of the rows and start weights")
+    p.add_argument("--defect", choices=DEFECTS, default=None,
+                   help="plant a defect: the check must FAIL (default: none)")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # out_dir: run one process
     p.add_argument("--_legacy", default=None, help=argparse.SUPPRESS)  # root: run the legacy towers
-    p.add_argument("--num_replicas", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--towers", "--num_replicas", dest="num_replicas", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.workers < 2 or args.steps < 5:
         p.error("--workers must be at least 2 and --steps at least 5 (steps 2 and 4 are the short ones)")

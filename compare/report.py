@@ -50,7 +50,7 @@ STATIC = {t.name: t for t in (
     Tolerance("mlp_steps", 1024 * EPS32, "K SGD steps of the 784-500-10 MLP (compare/multiworker.py): "
                                          "per-step round-off ~sqrt(784) eps32, compounded over K <= 16 steps"),
 )}
-# Kept for callers that look a static tolerance up by name: {name: (rel_l2, derivation)}.
+# The static tolerances by name: {name: (rel_l2, derivation)}.
 TOLERANCES = {t.name: (t.rel_l2, t.derivation) for t in STATIC.values()}
 
 
@@ -222,7 +222,8 @@ def write_plot(path, results):
         import matplotlib
     except ModuleNotFoundError:
         raise ModuleNotFoundError("--plot needs matplotlib, which is not installed: pip install matplotlib "
-                                  "(or the project's plot extra: pip install -e '.[plot]')", name="matplotlib") from None
+                                  "(or the project's plot extra: pip install -e '.[plot]')",
+                                  name="matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -4,7 +4,7 @@ Run it (from the repository root):
 
     python compare/run.py                         # this repository's two pairs, 2 towers vs 2 replicas
     python compare/run.py --towers 3              # any tower count
-    python compare/run.py --quick                 # fewer steps, no second CIFAR graph, no TF1-runtime process
+    python compare/run.py --quick                 # fewer steps, no second CIFAR graph, no flags check, no TF1 runtime
     python compare/run.py --model cifar --only splits,steps --towers 4
     python compare/run.py --model cifar --checkpoint models/temporary --report reports/parity.json \\
         --plot reports/parity.png
@@ -15,16 +15,16 @@ Run it (from the repository root):
 A pair is judged through its adapter module (compare/interface.py; docs/judging-your-own-port.md):
 the harness builds both programs with their own code, gives them the same start and the same rows,
 and runs the generic checks of compare/checks/ (configuration and what it builds, variables,
-checkpoint round trip, input pipelines, inference, dropout, training forward pass and gradients,
-batch splits, restart-per-step training across the learning-rate schedule with each side's
-optimizer against its own rule, batch-norm moving statistics, moving averages, free-running
-trajectories against the measured chaos floor, evaluation, the legacy graph on TF1's runtime) and
-the pair's own.  Each check ends PASS, FAIL, EXPECTED (a known TF1/TF2 difference whose predicted
+checkpoint round trip, input pipelines and their shuffles over two epochs, every shared flag at
+another value, inference, dropout, training forward pass and gradients, batch splits,
+restart-per-step training across the learning-rate schedule with each side's optimizer against its
+own rule, batch-norm moving statistics, moving averages, free-running trajectories against the
+measured chaos floor, the training checks again from a trained state, evaluation, the legacy graph
+on TF1's runtime) and the pair's own.  Each check ends PASS, FAIL, EXPECTED (a known TF1/TF2 difference whose predicted
 value held) or NOT APPLICABLE (the pair has nothing it could judge; never a PASS).  The exit status
 is 0 when no check FAILs, 1 otherwise, 2 on bad input (nothing is judged).  With several pairs, the
 later ones run in processes of their own, beside the first, their results read back from JSON.
 """
-import argparse
 import dataclasses
 import importlib.util
 import os
@@ -37,43 +37,43 @@ if __package__ in (None, ""):  # `python compare/run.py`: make the repository im
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from compare.interface import GROUPS  # noqa: E402
+from records.usage import ArgumentParser, at_least  # noqa: E402
 
 # --model names this repository's pairs by their adapters.
 SEED_PAIRS = {"cifar": "compare.pairs.cifar_resnet", "mnist": "compare.pairs.mnist_multi_gpu"}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("cifar", "mnist", "all"), default=None,
-                   help="this repository's pairs: cifar, mnist, or all (both; the default without --pair)")
+                   help="this repository's pairs: cifar, mnist, or all (default: all without --pair, none with it)")
     p.add_argument("--pair", action="append", default=[], metavar="MODULE",
                    help="judge the pair of this adapter module (a dotted name, importable from the current "
                         "folder or installed; compare/interface.py); repeatable")
-    p.add_argument("--towers", type=int, default=2, help="legacy towers = modern replicas")
-    p.add_argument("--steps", type=int, default=None,
-                   help="restart-per-step training steps across the learning-rate schedule (default 6; 2 with "
-                        "--quick)")
-    p.add_argument("--free_steps", type=int, default=None,
-                   help="free-running and moving-average steps (default: the pair's; CIFAR 20, MNIST 10; with "
-                        "--quick 0 and 4)")
+    p.add_argument("--towers", type=at_least(1), default=2, metavar="N", help="legacy towers = modern replicas")
+    p.add_argument("--steps", type=at_least(1), default=None,
+                   help="restart-per-step training steps across the learning-rate schedule (default: 6; 2 "
+                        "with --quick)")
+    p.add_argument("--free_steps", type=at_least(0), default=None,
+                   help="free-running and moving-average steps (default: the pair's; CIFAR 20, MNIST 10; "
+                        "with --quick 0 and 4)")
     p.add_argument("--quick", action="store_true",
-                   help="fewer steps, no pairing marked slow (the CIFAR --split=weighted graph), no TF1-runtime "
-                        "process; still the full models")
+                   help="fewer steps, no pairing marked slow (the CIFAR --split=weighted graph), no flags "
+                        "check, no TF1-runtime process; still the full models")
     p.add_argument("--checkpoint", default=None,
                    help="start from this TF1 checkpoint of the legacy program (a file prefix or a folder) "
-                        "instead of fresh weights; with --model all it applies to CIFAR")
+                        "(default: fresh weights); with --model all it applies to CIFAR")
     p.add_argument("--only", default=None,
-                   help=f"check groups to run, comma-separated ({', '.join(GROUPS)}); default all")
-    p.add_argument("--tf1_repeats", type=int, default=1,
+                   help=f"check groups to run, comma-separated ({', '.join(GROUPS)}) (default: all)")
+    p.add_argument("--tf1_repeats", type=at_least(1), default=1,
                    help="run the TF1-runtime step this many times from the same state (each run its own "
                         "interleaving of the towers' unlocked moving-statistics updates)")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=at_least(1), default=1,
                    help="also check N workers x 1 replica against 1 x N and the legacy N towers "
                         "(compare/multiworker.py), N >= 2")
     p.add_argument("--seed", type=int, default=0, help="seed of the harness's rows and start weights")
-    p.add_argument("--report", default=None, help="write the JSON report here")
-    p.add_argument("--plot", default=None, help="write a PNG chart here (needs matplotlib)")
+    p.add_argument("--report", default=None, help="write the JSON report here (default: none)")
+    p.add_argument("--plot", default=None, help="write a PNG chart here, with matplotlib (default: none)")
     p.add_argument("--program", action="append", default=[], metavar="ROLE=MODULE",
                    help="judge MODULE (a dotted name) in ROLE of this repository's pairs instead of the program "
                         "there (roles: legacy_cifar, modern_cifar, legacy_mnist, legacy_mnist_eval, "
@@ -85,13 +85,6 @@ def parse_args(argv=None):
         if not module:
             p.error(f"--program {spec}: expected ROLE=MODULE, e.g. modern_cifar=my_package.my_trainer")
         args.programs[role] = module
-    if args.towers < 1:
-        p.error("--towers must be at least 1")
-    for flag in ("steps", "free_steps"):
-        if getattr(args, flag) is not None and getattr(args, flag) < (1 if flag == "steps" else 0):
-            p.error(f"--{flag} must be at least {1 if flag == 'steps' else 0}")
-    if args.workers < 1 or args.tf1_repeats < 1:
-        p.error("--workers and --tf1_repeats must be at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # now, not after the run
         p.error("--plot needs matplotlib: pip install matplotlib (or, in this repository, pip install -e '.[plot]')")
     if args.only is not None:

@@ -108,7 +108,8 @@ class LegacyRun:
         self.rule = optimizers.legacy_rule(first, self.sess)
         kinds = {u.rule for u in self.updates.values()}
         if len(kinds) > 1:
-            raise HarnessError(f"the legacy graph updates its variables with several rules ({', '.join(sorted(kinds))})")
+            raise HarnessError(f"the legacy graph updates its variables with several rules "
+                               f"({', '.join(sorted(kinds))})")
 
     @property
     def global_step_var(self):

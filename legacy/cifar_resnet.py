@@ -2,7 +2,7 @@
 
 Run it (from the repository root)::
 
-    python legacy/cifar_resnet.py                                  # embedded synthetic data, ~4 min on 2 CPUs
+    python legacy/cifar_resnet.py                                  # embedded synthetic data, minutes on 2 CPUs
     python -m records.cifar10 --src cifar-10-batches-py --out data/cifar10
     python legacy/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python legacy/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
@@ -25,7 +25,7 @@ profile*: when no data is given (no --data_dir / --train_tfrecords) the program 
 synthetic CIFAR-shaped set (`records.cifar10.make_synthetic`, 997 training and 250 validation
 images) and, unless set on the command line, uses batch_size 16, valid_batch_size 50 and 8 epochs
 (504 steps) instead of 256, 256 and 200 (`records.cifar10.EMBEDDED_PROFILE`), so that the run ends in
-under 4 minutes on 2 CPU cores (~3 of them training) with enough steps for the batch-norm moving
+minutes on 2 CPU cores with enough steps for the batch-norm moving
 averages (decay 0.997) to settle before the last validation; the log says which values differ.  On
 real data every default is the original's.
 
@@ -35,11 +35,14 @@ The original's quirks are kept and marked "Quirk kept": training images go throu
 --split=weighted (loses no rows); a NaN loss stops training with an error (except under
 --split=static, where it is the point); a batch with fewer rows than towers, which leaves every
 tower empty under the original's split, is logged and skipped; a step limit; a missing pretrained
-checkpoint means training from scratch (with a log line); grappler off on CPU towers (--grappler).
+checkpoint means training from scratch (with a log line), and a present one is checked for names and
+shapes first; grappler off on CPU towers (--grappler); the folders are made (the original's os.mkdir
+failed without ./logs); the original's CUDA_VISIBLE_DEVICES = "0, 1" is left to the user; the graph
+runs on TF2's runtime unless --tf1_behavior; the final checkpoint is numbered by the steps run; the
+log lines are in English and add examples/sec and an ETA.
 
 On a machine without GPUs each tower runs on its own virtual CPU device (`legacy/towers.py`).
 """
-import argparse
 import os
 import sys
 import time
@@ -56,11 +59,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 from legacy import towers  # noqa: E402  (installs the tf-slim compatibility alias first)
-from legacy.towers import average_gradients  # noqa: E402  (was: from prepared_functions import ...)
+from legacy.towers import average_gradients  # noqa: E402  (the original: from prepared_functions import ...)
 from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
+from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 import tf_slim as slim  # noqa: E402
-from tf_slim import nets  # noqa: E402  (was tensorflow.contrib.slim.nets)
+from tf_slim import nets  # noqa: E402  (the original: tensorflow.contrib.slim.nets)
 from records import cifar10  # noqa: E402
 from records.progress import progress  # noqa: E402
 from records.cifar10 import parser_tfrecords, preprocess_for_test  # noqa: E402  (were utils.*)
@@ -99,49 +103,57 @@ ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_si
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num_towers", "--num_gpus", type=int, default=num_gpus,
-                   help="towers (one per GPU; shared when there are fewer GPUs, virtual CPU devices without any)")
-    p.add_argument("--batch_size", type=int, default=None,
-                   help=f"rows fed per step, split across towers (original {batch_size}; embedded "
-                        f"profile {EMBEDDED_PROFILE['batch_size']})")
-    p.add_argument("--valid_batch_size", type=int, default=None,
-                   help=f"original {valid_batch_size}; embedded profile {EMBEDDED_PROFILE['valid_batch_size']}")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"passes over the training set (original {NUM_EPOCHS}; embedded profile "
-                        f"{EMBEDDED_PROFILE['epochs']})")
-    p.add_argument("--max_steps", type=int, default=None, help="Port: stop after this many steps")
-    p.add_argument("--shuffle_buffer", type=int, default=shuffle_buffer)
-    p.add_argument("--boundaries", type=int, nargs="+", default=boundaries)
-    p.add_argument("--values", type=float, nargs="+", default=values)
-    p.add_argument("--keep_prob", type=float, default=keep_prob_train, help="dropout keep probability in training")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--towers", "--num_towers", "--num_gpus", dest="num_towers", type=at_least(1),
+                   default=num_gpus, metavar="N",
+                   help="towers (the original's num_gpus; one per GPU, shared when there are fewer GPUs, "
+                        "virtual CPU devices without any)")
+    p.add_argument("--batch_size", type=at_least(1), default=None,
+                   help=f"rows fed per step, split across towers (default: the original's {batch_size}; "
+                        f"{EMBEDDED_PROFILE['batch_size']} on the embedded data)")
+    p.add_argument("--valid_batch_size", type=at_least(1), default=None,
+                   help=f"rows per validation step (default: the original's {valid_batch_size}; "
+                        f"{EMBEDDED_PROFILE['valid_batch_size']} on the embedded data)")
+    p.add_argument("--epochs", type=at_least(1), default=None,
+                   help=f"passes over the training set (default: the original's {NUM_EPOCHS}; "
+                        f"{EMBEDDED_PROFILE['epochs']} on the embedded data)")
+    p.add_argument("--max_steps", type=at_least(1), default=None,
+                   help="Port: stop after this many steps (default: no limit, the epochs decide)")
+    p.add_argument("--shuffle_buffer", type=at_least(1), default=shuffle_buffer, help="rows in the shuffle buffer")
+    p.add_argument("--boundaries", type=at_least(1), nargs="+", default=boundaries,
+                   help="steps where the piecewise-constant learning rate changes")
+    p.add_argument("--values", type=float, nargs="+", default=values,
+                   help="learning rates, one more than --boundaries")
+    p.add_argument("--keep_prob", type=fraction(low_open=True), default=keep_prob_train,
+                   help="dropout keep probability in training")
     p.add_argument("--split", choices=towers.SPLITS, default="fix",
                    help="fix: the original's current_batch_size = rows // towers; static: the bug it cured "
                         "(constant batch_size // towers, NaN on the short last batch); weighted: Port, "
                         "loses no rows, towers weighted by rows")
-    p.add_argument("--data_dir", help=f"folder with train.tfrecords and test.tfrecords (the original read "
-                                      f"{tfrecords_dir}); default: the embedded synthetic set")
-    p.add_argument("--train_tfrecords", nargs="+", help="training TFRecord files (overrides --data_dir)")
-    p.add_argument("--test_tfrecords", nargs="+", help="validation TFRecord files (overrides --data_dir)")
+    p.add_argument("--data_dir", help=f"folder with train.tfrecords and test.tfrecords (default: the embedded "
+                                      f"synthetic set; the original read {tfrecords_dir})")
+    p.add_argument("--train_tfrecords", nargs="+",
+                   help="training TFRecord files, instead of --data_dir's (default: --data_dir's train.tfrecords)")
+    p.add_argument("--test_tfrecords", nargs="+",
+                   help="validation TFRecord files, instead of --data_dir's (default: --data_dir's test.tfrecords)")
     p.add_argument("--pretrained", default=None,
-                   help=f"slim resnet_v2_50 checkpoint to restore all but Logits from (the original: "
-                        f"{resnet_model_path}, used if present)")
-    p.add_argument("--model_dir", default=models_dir)
-    p.add_argument("--log_dir", default=logs_dir)
+                   help=f"slim resnet_v2_50 checkpoint to restore all but Logits from (default: "
+                        f"{resnet_model_path} if present, as the original; else training from scratch)")
+    p.add_argument("--model_dir", default=models_dir, help="best and final checkpoints")
+    p.add_argument("--log_dir", default=logs_dir, help="event files (train/ and valid/)")
     p.add_argument("--grappler", choices=["auto", "on", "off"], default="auto",
                    help="TensorFlow's graph optimizer: on with GPU towers (as the original ran), off on CPU "
-                        "towers (auto), where it costs ~30 s before the first step and gains nothing")
-    p.add_argument("--log_every", type=int, default=log_every)
-    p.add_argument("--valid_every", type=int, default=valid_every)
+                        "towers (auto), where its start-up pass is long and gains nothing")
+    p.add_argument("--log_every", type=at_least(1), default=log_every, help="a training line every N steps")
+    p.add_argument("--valid_every", type=at_least(1), default=valid_every, help="validate every N steps")
     p.add_argument("--tf1_behavior", action="store_true",
                    help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
                         "before the graph is built (ref variables, v1 control flow, no eager)")
     args = p.parse_args(argv)
-    if args.num_towers < 1:
-        p.error("--num_towers must be at least 1")
     if len(args.values) != len(args.boundaries) + 1:
         p.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), got {len(args.values)}")
+    if list(args.boundaries) != sorted(set(args.boundaries)):
+        p.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
     return args
 
 
@@ -162,7 +174,7 @@ def make_datasets(train_tfrecords, test_tfrecords, batch_size, valid_batch_size,
     dataset = dataset.shuffle(shuffle_buffer)
     dataset = dataset.batch(batch_size)
     dataset = dataset.repeat(num_epochs)  # batch before repeat: every epoch ends on a short batch
-    iterator = tf.data.make_initializable_iterator(dataset)  # was dataset.make_initializable_iterator()
+    iterator = tf.data.make_initializable_iterator(dataset)  # the original: dataset.make_initializable_iterator()
     image_batch, label_batch = iterator.get_next()
     label_batch = tf.one_hot(indices=tf.cast(label_batch, tf.int32), depth=num_classes)
 
@@ -546,10 +558,10 @@ def session_config(num_towers, grappler="auto", devices=None):
     """`towers.session_config` (the original's allow_soft_placement, plus virtual CPUs for the towers).
 
     Port: with grappler "auto" the graph optimizer (grappler) is switched off when the towers are on
-    CPUs.  On this two-tower ResNet-v2-50 it spends ~30 s optimising the graph before the first
-    step, and again before the first validation (a new set of fetches), for no measurable gain in
-    step time on CPU; it changes no semantics.  With GPU towers it stays on (its layout optimizer
-    matters there), as in the original.
+    CPUs.  On this two-tower ResNet-v2-50 its pass over the graph before the first step, and again
+    before the first validation (a new set of fetches), is long and buys no step time on CPU; it
+    changes no semantics.  With GPU towers it stays on (its layout optimizer matters there), as in
+    the original.
     """
     config = towers.session_config(num_towers)
     devices = devices or towers.tower_devices(num_towers)

@@ -8,7 +8,7 @@ the CPU and applied once, and a moving average of the weights is kept for evalua
 Run it (from the repository root):
 
     python legacy/mnist_multi_gpu.py                      # embedded synthetic data, 2 towers, 1000 steps
-    python legacy/mnist_multi_gpu.py --num_gpus 4 --data_path data/mnist/train.tfrecords
+    python legacy/mnist_multi_gpu.py --towers 4 --data_path data/mnist/train.tfrecords
     python legacy/mnist_eval.py                           # accuracy of the moving averages
 
 Real MNIST: `python -m records.mnist --images train-images-idx3-ubyte.gz
@@ -26,10 +26,15 @@ Where the port differs, and why (each also commented in place):
   average may read the weights before or after the update).  Kept; `--ordered_ema` orders them.
 - `--seed` (default: unseeded, as the original) and `--log_device_placement` (the original turns
   it on; here off by default, since it floods the log) are additions.
+- The data is `--data_path` (the original's DATA_PATH "output.tfrecords"; default here the
+  embedded synthetic set), the tower count `--towers` (alias `--num_gpus`, the original's N_GPU),
+  the step count `--max_steps` (alias `--training_steps`).  The session adds `allow_growth` and,
+  without GPUs, one virtual CPU device per tower (`legacy/towers.py`); the graph runs on TF2's
+  runtime unless `--tf1_behavior`.
 - Bad input (missing or corrupt data, unwritable model folder) stops with one clear paragraph
   (exit code 2); running out of data (repeat 10) stops training with a message, as a clean end.
+  The log lines add an ETA.
 """
-import argparse
 import os
 import sys
 import time
@@ -47,40 +52,40 @@ from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
 from legacy.towers import average_gradients, placement_message, session_config, tower_devices  # noqa: E402
 from records import mnist as mnist_records  # noqa: E402
 from records.progress import progress  # noqa: E402
+from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
 # Parameters: the original's constants, one flag each.
 # ----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch_size", type=int, default=100, help="BATCH_SIZE, per tower")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch_size", type=at_least(1), default=100, help="BATCH_SIZE, per tower")
     p.add_argument("--learning_rate_base", type=float, default=0.001, help="LEARNING_RATE_BASE")
-    p.add_argument("--learning_rate_decay", type=float, default=0.99, help="LEARNING_RATE_DECAY")
+    p.add_argument("--learning_rate_decay", type=fraction(), default=0.99, help="LEARNING_RATE_DECAY")
     p.add_argument("--regularization_rate", type=float, default=0.0001, help="REGULARAZTION_RATE")
-    p.add_argument("--training_steps", type=int, default=1000, help="TRAINING_STEPS")
-    p.add_argument("--moving_average_decay", type=float, default=0.99, help="MOVING_AVERAGE_DECAY")
-    p.add_argument("--num_gpus", type=int, default=2, help="N_GPU: the number of towers")
+    p.add_argument("--max_steps", "--training_steps", dest="training_steps", type=at_least(1), default=1000,
+                   metavar="N", help="TRAINING_STEPS: steps to train")
+    p.add_argument("--moving_average_decay", type=fraction(), default=0.99, help="MOVING_AVERAGE_DECAY")
+    p.add_argument("--towers", "--num_gpus", dest="num_gpus", type=at_least(1), default=2, metavar="N",
+                   help="N_GPU: the number of towers")
     p.add_argument("--model_save_path", default="logs_and_models/", help="MODEL_SAVE_PATH: checkpoints, events")
     p.add_argument("--model_name", default="model.ckpt", help="MODEL_NAME")
     p.add_argument("--data_path", default=None,
-                   help="DATA_PATH, a TFRecord in the original's format; default: the embedded "
-                        "synthetic set, made under data/mnist/ on first use")
+                   help="DATA_PATH, a TFRecord in the original's format (default: the embedded "
+                        "synthetic set, made under data/mnist/ on first use)")
     p.add_argument("--per_tower_batches", action="store_true",
                    help="deviation: each tower reads its own batch (the original feeds all towers one batch)")
     p.add_argument("--ordered_ema", action="store_true",
                    help="deviation: run the moving average after the update (the original leaves them unordered)")
-    p.add_argument("--seed", type=int, default=None, help="addition: graph-level random seed")
+    p.add_argument("--seed", type=int, default=None, help="addition: graph-level random seed (default: unseeded, "
+                                                          "as the original)")
     p.add_argument("--tf1_behavior", action="store_true",
                    help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
                         "before the graph is built (ref variables, v1 control flow, no eager)")
     p.add_argument("--log_device_placement", action="store_true",
                    help="the original's ConfigProto(log_device_placement=True); off by default here")
-    args = p.parse_args(argv)
-    if args.batch_size < 1 or args.num_gpus < 1 or args.training_steps < 1:
-        p.error("--batch_size, --num_gpus and --training_steps must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def route_v1_layers():
     layers = importlib.import_module(V1_LAYERS)
     for name in V1_MODULES:
         if name in sys.modules:
-            setattr(sys.modules[name], "layers", layers)
+            sys.modules[name].layers = layers
     # `import tensorflow.compat.v1.layers` and `from tensorflow.compat.v1.layers import dense`.
     sys.modules["tensorflow.compat.v1.layers"] = layers
     sys.modules["tensorflow._api.v2.compat.v1.layers"] = layers

@@ -41,13 +41,14 @@ head of slim's published checkpoint that the seed's `resnet_v2_50(num_classes=No
 (the legacy `Saver(var_list=...)` restore skips it the same way). Anything else that does not
 match is an error listing the names.
 """
-import argparse
 import dataclasses
 import os
 import sys
 
 import numpy as np
 import tensorflow as tf
+
+from records.usage import ArgumentParser, at_least
 
 # Scalars a TF1 training run adds next to the model: the step counter (the seed creates it as an
 # unnamed `tf.Variable(0)`, hence 'Variable') and Adam's running powers of beta1/beta2.
@@ -260,20 +261,21 @@ def modern_to_tf1(modern_path, tf1_path, num_classes=10):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m modern.checkpoints", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     to_modern = commands.add_parser("tf1-to-modern", help="TF1 checkpoint -> modern checkpoint")
-    to_modern.add_argument("tf1_checkpoint")
+    to_modern.add_argument("tf1_checkpoint", help="TF1 checkpoint prefix (the legacy trainer's, or slim-named)")
     to_modern.add_argument("modern_dir", help="directory for a CheckpointManager checkpoint")
     to_modern.add_argument("--exclude_scopes", default="",
-                           help="comma-separated scopes left untouched, e.g. 'Logits' (as the seed)")
+                           help="comma-separated scopes left untouched, e.g. 'Logits' (as the seed) "
+                                "(default: none)")
     to_modern.add_argument("--report", action="store_true",
                            help="list excluded variables and ignored checkpoint entries")
     to_tf1 = commands.add_parser("modern-to-tf1", help="modern checkpoint -> TF1 checkpoint")
     to_tf1.add_argument("modern_checkpoint", help="checkpoint prefix or CheckpointManager directory")
-    to_tf1.add_argument("tf1_checkpoint")
+    to_tf1.add_argument("tf1_checkpoint", help="prefix of the TF1 checkpoint to write")
     for sub in (to_modern, to_tf1):
-        sub.add_argument("--num_classes", type=int, default=10, help="the seed's num_classes")
+        sub.add_argument("--num_classes", type=at_least(1), default=10, help="the original's num_classes")
     args = parser.parse_args(argv)
     try:
         if args.command == "tf1-to-modern":

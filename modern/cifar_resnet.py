@@ -3,10 +3,10 @@
 The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_a2968b8fe060e3c0.txt`
 ("tensorflow multi-GPU training gives loss nan").  Run it (from the repository root)::
 
-    python modern/cifar_resnet.py                                  # embedded synthetic data, a few minutes on 2 CPUs
+    python modern/cifar_resnet.py                                  # embedded synthetic data, minutes on 2 CPUs
     python modern/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python modern/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
-    python modern/cifar_resnet.py --num_replicas 4 --deterministic
+    python modern/cifar_resnet.py --towers 4 --deterministic
     python -m modern.launch --workers 2 -- modern/cifar_resnet.py  # 2 worker processes (modern/cluster.py)
 
 Run it again with the same --model_dir and it resumes from the latest checkpoint (model, optimizer,
@@ -24,8 +24,8 @@ The same training as the legacy graph, written the TF2 way:
   tf.summary.scalar lr/accuracy/loss  ->  the same tags, in <log_dir>/train and <log_dir>/valid
   saver_restore excluding 'Logits'    ->  modern.checkpoints.load_tf1_checkpoint(exclude_scopes='Logits')
 
-Defaults are the original's constants, each a flag with the legacy program's name (`--num_replicas`
-for `--num_towers`), including the legacy *embedded default profile*: with no data given, a small
+Defaults are the original's constants, each a flag with the legacy program's name (`--towers`, alias
+`--num_replicas`), including the legacy *embedded default profile*: with no data given, a small
 synthetic CIFAR-shaped set (`records.cifar10`) and batch_size 16, valid_batch_size 50, 8 epochs,
 unless set on the command line (`records.cifar10.EMBEDDED_PROFILE`, which the legacy program uses too).
 
@@ -42,9 +42,15 @@ Where it differs from the legacy program, on purpose:
   * batch norm moves its moving statistics once per step (by the replicas' mean), where the legacy
     towers move the shared variables once per tower: with decay 0.997 the modern statistics warm
     up about N times slower, which shows in the early validation accuracy.
-Additions: --deterministic, --seed, and --units_per_block (a smaller ResNet, for quick tests only).
+  * the models and logs go to ./models/modern and ./logs/modern (the original's ./models/temporary
+    and ./logs/temporary are the legacy program's), as object-based checkpoints
+    (`python -m modern.checkpoints` converts to and from TF1's); validation writes one averaged
+    summary per validation (the original one per validation batch, all at the same step);
+  * a NaN loss stops training with an error; whole GPUs take memory as needed (the original's
+    allow_growth); the original's CUDA_VISIBLE_DEVICES = "0, 1" is left to the user.
+Additions: --deterministic, --seed, --connect_timeout (clusters) and --units_per_block (a smaller
+ResNet, for quick tests only).
 """
-import argparse
 import os
 import sys
 import time
@@ -63,6 +69,7 @@ from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
 from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,  # noqa: E402
                             run_reporting_usage_errors, write_scalar)
 from records import cifar10  # noqa: E402
+from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
 from records.progress import progress  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -92,49 +99,54 @@ ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_si
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num_replicas", type=int, default=num_replicas,
-                   help="replicas (one per GPU; logical GPUs when there are fewer GPUs, virtual CPU "
-                        "devices without any)")
-    p.add_argument("--batch_size", type=int, default=None,
-                   help=f"global batch, split across replicas (original {batch_size}; embedded "
-                        f"profile {EMBEDDED_PROFILE['batch_size']})")
-    p.add_argument("--valid_batch_size", type=int, default=None,
-                   help=f"original {valid_batch_size}; embedded profile {EMBEDDED_PROFILE['valid_batch_size']}")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"passes over the training set (original {NUM_EPOCHS}; embedded profile "
-                        f"{EMBEDDED_PROFILE['epochs']})")
-    p.add_argument("--max_steps", type=int, default=None, help="stop after this many steps (in all, across resumes)")
-    p.add_argument("--shuffle_buffer", type=int, default=shuffle_buffer)
-    p.add_argument("--boundaries", type=int, nargs="+", default=boundaries)
-    p.add_argument("--values", type=float, nargs="+", default=values)
-    p.add_argument("--keep_prob", type=float, default=keep_prob_train,
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--towers", "--num_replicas", dest="num_replicas", type=at_least(1), default=num_replicas,
+                   metavar="N",
+                   help="replicas, the towers of the original (one per GPU; logical GPUs when there are "
+                        "fewer GPUs, virtual CPU devices without any)")
+    p.add_argument("--batch_size", type=at_least(1), default=None,
+                   help=f"global batch, split across replicas (default: the original's {batch_size}; "
+                        f"{EMBEDDED_PROFILE['batch_size']} on the embedded data)")
+    p.add_argument("--valid_batch_size", type=at_least(1), default=None,
+                   help=f"rows per validation step (default: the original's {valid_batch_size}; "
+                        f"{EMBEDDED_PROFILE['valid_batch_size']} on the embedded data)")
+    p.add_argument("--epochs", type=at_least(1), default=None,
+                   help=f"passes over the training set (default: the original's {NUM_EPOCHS}; "
+                        f"{EMBEDDED_PROFILE['epochs']} on the embedded data)")
+    p.add_argument("--max_steps", type=at_least(1), default=None,
+                   help="stop after this many steps in all, across resumes (default: no limit, the "
+                        "epochs decide)")
+    p.add_argument("--shuffle_buffer", type=at_least(1), default=shuffle_buffer, help="rows in the shuffle buffer")
+    p.add_argument("--boundaries", type=at_least(1), nargs="+", default=boundaries,
+                   help="steps where the piecewise-constant learning rate changes")
+    p.add_argument("--values", type=float, nargs="+", default=values,
+                   help="learning rates, one more than --boundaries")
+    p.add_argument("--keep_prob", type=fraction(low_open=True), default=keep_prob_train,
                    help="dropout keep probability in training (Keras Dropout rate = 1 - keep_prob)")
     p.add_argument("--augment", action="store_true",
                    help="train on preprocess_for_train (the original trains on preprocess_for_test)")
-    p.add_argument("--data_dir", help="folder with train.tfrecords and test.tfrecords; default: the "
-                                      "embedded synthetic set")
-    p.add_argument("--train_tfrecords", nargs="+", help="training TFRecord files (overrides --data_dir)")
-    p.add_argument("--test_tfrecords", nargs="+", help="validation TFRecord files (overrides --data_dir)")
+    p.add_argument("--data_dir", help="folder with train.tfrecords and test.tfrecords (default: the "
+                                      "embedded synthetic set)")
+    p.add_argument("--train_tfrecords", nargs="+",
+                   help="training TFRecord files, instead of --data_dir's (default: --data_dir's train.tfrecords)")
+    p.add_argument("--test_tfrecords", nargs="+",
+                   help="validation TFRecord files, instead of --data_dir's (default: --data_dir's test.tfrecords)")
     p.add_argument("--pretrained", default=None,
                    help=f"TF1 resnet_v2_50 checkpoint to restore all but Logits from (default: "
-                        f"{resnet_model_path} if present); ignored when resuming")
-    p.add_argument("--model_dir", default=models_dir)
-    p.add_argument("--log_dir", default=logs_dir)
-    p.add_argument("--log_every", type=int, default=log_every)
-    p.add_argument("--valid_every", type=int, default=valid_every)
+                        f"{resnet_model_path} if present, else training from scratch); ignored when resuming")
+    p.add_argument("--model_dir", default=models_dir, help="checkpoints: the latest (to resume) and the best")
+    p.add_argument("--log_dir", default=logs_dir, help="event files (train/ and valid/)")
+    p.add_argument("--log_every", type=at_least(1), default=log_every, help="a training line every N steps")
+    p.add_argument("--valid_every", type=at_least(1), default=valid_every, help="validate every N steps")
     cluster.add_flags(p)
     add_seed_flags(p)
-    p.add_argument("--units_per_block", type=int, nargs=4, default=None, metavar="N",
-                   help="for quick tests only: units in blocks 1-4 (ResNet-v2-50 has 3 4 6 3)")
+    p.add_argument("--units_per_block", type=at_least(1), nargs=4, default=None, metavar="N",
+                   help="for quick tests only: units in blocks 1-4 (default: ResNet-v2-50's 3 4 6 3)")
     args = p.parse_args(argv)
-    if args.num_replicas < 1:
-        p.error("--num_replicas must be at least 1")
     if len(args.values) != len(args.boundaries) + 1:
         p.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), got {len(args.values)}")
-    if not 0.0 < args.keep_prob <= 1.0:
-        p.error("--keep_prob must lie in (0, 1]")
+    if list(args.boundaries) != sorted(set(args.boundaries)):
+        p.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
     return args
 
 
@@ -162,16 +174,15 @@ def spread_short_batch(x, y_onehot, num_replicas):
     without leaving a replica empty.
 
     `cluster.distribute` (like the strategy's own `experimental_distribute_dataset`) cuts B rows
-    into replica batches of ceil(B/N) rows, in order, so the last
-    replicas get what is left (7 rows on 2 replicas: 4 + 3), and that can be nothing: whenever
-    ceil(B/N) * (N - 1) >= B.  That is every batch with fewer rows than replicas (1 row on 2:
-    1 + 0), and more (5 rows on 4: 2 + 2 + 1 + 0; 4 rows on 3: 2 + 2 + 0; measured, and found by
-    the parity harness at 4 replicas).  A replica cannot run the ResNet on zero rows: Keras' Conv2D
-    fails on an empty batch on CPU, batch norm over no rows is 0/0 = NaN, and a `tf.cond` around
-    the forward pass is impossible because synchronised batch-norm statistics are a cross-replica
-    call.  So such a batch is copied onto every replica, each copy weighing 1/num_replicas: the
-    summed loss and gradient are those of the B rows once, and every replica's batch statistics
-    are those of the B rows, as on one device.  Otherwise the weights are all 1.
+    into replica batches of ceil(B/N) rows, in order, so the last replicas get what is left (7 rows
+    on 2 replicas: 4 + 3), and that can be nothing: whenever ceil(B/N) * (N - 1) >= B.  That is every
+    batch with fewer rows than replicas (1 row on 2: 1 + 0), and more (5 rows on 4: 2 + 2 + 1 + 0; 4
+    rows on 3: 2 + 2 + 0).  A replica cannot run the ResNet on zero rows: Keras' Conv2D fails on an
+    empty batch on CPU, batch norm over no rows is 0/0 = NaN, and a `tf.cond` around the forward
+    pass is impossible because synchronised batch-norm statistics are a cross-replica call.  So such
+    a batch is copied onto every replica, each copy weighing 1/num_replicas: the summed loss and
+    gradient are those of the B rows once, and every replica's batch statistics are those of the B
+    rows, as on one device.  Otherwise the weights are all 1.
     """
     rows = tf.shape(x)[0]
     copies = tf.where(leaves_a_replica_empty(rows, num_replicas), num_replicas, 1)
@@ -503,7 +514,8 @@ def train(args):
     train_files, valid_files, steps_per_epoch = check_inputs(args, worker, n)
 
     model, optimizer, checkpoint, manager, best_acc, origin = build(strategy, args, worker)
-    run_step = cluster.step_runner(worker, checkpoint, args.model_dir, manager, lambda: int(optimizer.iterations.numpy()))
+    run_step = cluster.step_runner(worker, checkpoint, args.model_dir, manager,
+                                   lambda: int(optimizer.iterations.numpy()))
     print(origin)
     start = int(optimizer.iterations.numpy())
     total_steps = steps_per_epoch * args.epochs

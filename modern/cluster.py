@@ -24,7 +24,7 @@ cluster on this host.  How the pieces map onto the one-host program:
 One device per CPU worker.  `CollectiveAllReduceExtended._initialize_local_devices` (TensorFlow
 2.21, tensorflow/python/distribute/collective_all_reduce_strategy.py) takes `context.num_gpus()`
 GPUs per worker and, with none, exactly one `/device:CPU:0`: logical CPU devices made by
-`tf.config.set_logical_device_configuration` are not used (measured: a worker split into 2 logical
+`tf.config.set_logical_device_configuration` are not used (a worker split into 2 logical
 CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only workers
 `--num_replicas` must be 1 (a usage error otherwise); on GPU workers it picks the first N GPUs.
 """
@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from modern import tf_adapter
 from modern.runtime import UsageError, make_strategy as make_one_host_strategy
+from records.usage import at_least
 
 LAYOUT_FILE = "cluster_layout.json"
 PREEMPTED_EXIT_CODE = 42  # TensorFlow's own exit code after a preemption checkpoint (failure_handling)
@@ -81,7 +82,7 @@ class Worker:
 # ----------------------------------------------------------------------------------------------
 def add_flags(parser):
     """The trainers' cluster flag: --connect_timeout (used only when TF_CONFIG names workers)."""
-    parser.add_argument("--connect_timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT,
+    parser.add_argument("--connect_timeout", type=at_least(1.0, float), default=DEFAULT_CONNECT_TIMEOUT,
                         help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
                              "then gives up with exit code 2")
 
@@ -217,8 +218,8 @@ def distribute(strategy, worker, dataset):
     """A dataset of GLOBAL batches -> an iterable of distributed batches for `strategy.run`.
 
     Each global batch of B rows is cut as `experimental_distribute_dataset` cuts it: replica
-    batches of ceil(B/N) rows, in order (7 rows on 2 replicas: 4 + 3; 1 row: 1 + 0; measured, on
-    one host and across workers), so `spread_short_batch` still knows which batches would leave a
+    batches of ceil(B/N) rows, in order (7 rows on 2 replicas: 4 + 3; 1 row: 1 + 0, on one
+    host and across workers), so `spread_short_batch` still knows which batches would leave a
     replica empty.  On a cluster every worker builds the same global batches (same files, same
     shuffle seed: see shared_seed) and takes its own replicas' slices, by their global replica id;
     file sharding would give workers different rows per global batch than one host sees.  Cost:
@@ -226,10 +227,9 @@ def distribute(strategy, worker, dataset):
 
     Speed: the slices are cut from the batch the plain `tf.data` iterator yields
     (`experimental_distribute_values_from_function`), not by `experimental_distribute_dataset`,
-    whose distributed iterator made every step of the CIFAR program slower by a fixed ~100 ms at
-    batch 16 on 2 CPU cores (1 and 2 replicas alike; measured: 455-487 against 283-305 ms a step
-    at 2 replicas, the same rows).  `element_spec` is the strategy's own, for the train step's
-    input signature.
+    whose distributed iterator adds a fixed cost to every step on CPU, the same at 1 and 2
+    replicas (`compare/bench.py --variants modern modern-strategy-iterator` shows it).
+    `element_spec` is the strategy's own, for the train step's input signature.
     """
     spec_of = dataset
     if worker is not None:  # the strategy's spec, from a dataset it can shard (never iterated)
@@ -373,7 +373,7 @@ def finish(worker):
 
     The PreemptionCheckpointHandler keeps a thread per worker blocked on a key of the chief's
     coordination service (`_watch_step_to_save_key`); a chief that exits first leaves it raising
-    "UnavailableError: Socket closed" (measured on the full MNIST run).  So: release every worker's
+    "UnavailableError: Socket closed".  So: release every worker's
     watcher (the handler's own clean-up, private), then wait at a coordination-service barrier until
     every worker has (both through `modern.tf_adapter`).
     """
@@ -393,7 +393,7 @@ class PeerLostError(UsageError):
 
 # What a collective raises when a peer is gone: UnavailableError (connection reset, or the
 # coordination service's heartbeat timeout), DeadlineExceededError, AbortedError/CancelledError
-# (collectives aborted after another worker's failure).  Measured: SIGKILL of worker 1 mid-run ->
+# (collectives aborted after another worker's failure).  After a SIGKILL of worker 1 mid-run,
 # worker 0's next train step raises UnavailableError "Collective ops is aborted by: recvmsg:
 # Connection reset by peer ... remote target /job:worker/replica:0/task:1" within a second.
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,

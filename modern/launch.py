@@ -3,7 +3,7 @@
     python -m modern.launch --workers 2 -- modern/mnist_multi_gpu.py --training_steps 200
     python -m modern.launch --workers 2 --replicas_per_worker 4 -- modern/cifar_resnet.py   # a GPU host
 
-Each worker is `python <program> <args> --num_replicas <replicas_per_worker>` with its own
+Each worker is `python <program> <args> --towers <replicas_per_worker>` with its own
 TF_CONFIG (the standard cluster spec + task, see `modern/cluster.py`), every address on a free
 127.0.0.1 port.  Each worker's output lines are printed prefixed `[worker i] `.  Ctrl-C (SIGINT)
 and SIGTERM are passed on to every worker (SIGTERM: the workers save a preemption checkpoint and
@@ -23,29 +23,31 @@ import sys
 import threading
 import time
 
+from records.usage import ArgumentParser, at_least
+
 PREEMPTED_EXIT_CODE = 42  # modern.cluster.PREEMPTED_EXIT_CODE (not imported: that imports TensorFlow)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                usage="python -m modern.launch [options] -- PROGRAM [ARGS ...]")
-    p.add_argument("--workers", type=int, default=2, help="worker processes")
-    p.add_argument("--replicas_per_worker", type=int, default=1,
-                   help="passed as --num_replicas: GPUs per worker (CPU-only workers: 1)")
-    p.add_argument("--grace", type=float, default=10.0,
+    p = ArgumentParser(description=__doc__.split("\n\n")[0],
+                       usage="python -m modern.launch [options] -- PROGRAM [ARGS ...]")
+    p.add_argument("--workers", type=at_least(1), default=2, help="worker processes")
+    p.add_argument("--replicas_per_worker", type=at_least(1), default=1,
+                   help="passed as the program's --towers: GPUs per worker (CPU-only workers: 1)")
+    p.add_argument("--grace", type=at_least(0.0, float), default=10.0,
                    help="seconds a stopped worker gets to exit before SIGKILL")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="stop every worker after this many seconds (e.g. when one never reaches the others)")
+    p.add_argument("--timeout", type=at_least(0.0, float), default=None,
+                   help="stop every worker after this many seconds, e.g. when one never reaches the "
+                        "others (default: no limit)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS ...]")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
         p.error("give the program after --, e.g. -- modern/mnist_multi_gpu.py")
-    if args.workers < 1 or args.replicas_per_worker < 1:
-        p.error("--workers and --replicas_per_worker must be at least 1")
-    if "--num_replicas" in args.command:
-        p.error("--num_replicas is set by --replicas_per_worker; leave it out of the program's arguments")
+    given = [flag for flag in ("--towers", "--num_replicas") if flag in args.command]
+    if given:
+        p.error(f"{given[0]} is set by --replicas_per_worker; leave it out of the program's arguments")
     return args
 
 
@@ -108,7 +110,7 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, outpu
     try:
         for i in range(workers):
             env = dict(os.environ, TF_CONFIG=tf_config(addresses, i), PYTHONUNBUFFERED="1")
-            p = subprocess.Popen([*program, "--num_replicas", str(replicas_per_worker)], env=env,
+            p = subprocess.Popen([*program, "--towers", str(replicas_per_worker)], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)  # its own group: signals go where we send them
             procs.append(p)

@@ -14,7 +14,6 @@ Run it (from the repository root), after training:
 Defaults: the trainer's --model_save_path and MOVING_AVERAGE_DECAY.  Evaluates once unless
 `--eval_interval_secs` is given (then it loops like the book, until interrupted).
 """
-import argparse
 import os
 import sys
 import time
@@ -28,17 +27,19 @@ import tensorflow as tf  # noqa: E402
 from modern import mnist_multi_gpu as mnist  # noqa: E402
 from modern.runtime import UsageError, run_reporting_usage_errors  # noqa: E402
 from records import mnist as mnist_records  # noqa: E402
+from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model_save_path", default="logs_and_models/modern/", help="the trainer's --model_save_path")
-    p.add_argument("--moving_average_decay", type=float, default=0.99, help="MOVING_AVERAGE_DECAY")
+    p.add_argument("--moving_average_decay", type=fraction(), default=0.99, help="MOVING_AVERAGE_DECAY")
     p.add_argument("--data_path", default=None,
-                   help="held-out TFRecord in the original's format; default: the embedded synthetic eval split")
-    p.add_argument("--eval_interval_secs", type=float, default=0,
-                   help="EVAL_INTERVAL_SECS: 0 evaluates once; > 0 loops like the book")
+                   help="held-out TFRecord in the original's format (default: the embedded synthetic "
+                        "eval split)")
+    p.add_argument("--eval_interval_secs", type=at_least(0.0, float), default=0,
+                   help="EVAL_INTERVAL_SECS: 0 evaluates once; > 0 re-evaluates the newest checkpoint "
+                        "this often until interrupted, as the book does every 10 s")
     return p.parse_args(argv)
 
 

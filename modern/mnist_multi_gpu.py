@@ -6,7 +6,7 @@ learning-rate decay, gradient descent and moving average of the weights, with th
 the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository root):
 
     python modern/mnist_multi_gpu.py                          # embedded synthetic data, 2 replicas, 1000 steps
-    python modern/mnist_multi_gpu.py --num_replicas 4 --data_path data/mnist/train.tfrecords
+    python modern/mnist_multi_gpu.py --towers 4 --data_path data/mnist/train.tfrecords
     python modern/mnist_multi_gpu.py --same_batch_per_replica # the legacy quirk: one batch on every replica
     python modern/mnist_multi_gpu.py --deterministic          # bit-identical reruns
     python -m modern.launch --workers 2 -- modern/mnist_multi_gpu.py   # 2 worker processes (modern/cluster.py)
@@ -14,7 +14,9 @@ the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository
 A second invocation with the same --model_save_path resumes from the latest checkpoint.
 Defaults are the original's constants (BATCH_SIZE 100 per replica, LEARNING_RATE_BASE 0.001,
 LEARNING_RATE_DECAY 0.99, REGULARAZTION_RATE 0.0001, TRAINING_STEPS 1000, MOVING_AVERAGE_DECAY 0.99,
-N_GPU 2), one flag each with the legacy program's names (`--num_replicas` for `--num_gpus`).
+N_GPU 2), one flag each with the legacy program's names (`--towers`, alias `--num_replicas`; `--max_steps`,
+alias `--training_steps`); the model folder is logs_and_models/modern/ (the legacy program's TF1
+checkpoints keep logs_and_models/).
 With fewer GPUs than replicas the GPUs are split into logical GPUs; without any, each replica runs on
 its own virtual CPU device (`modern/runtime.py`).
 
@@ -31,9 +33,11 @@ Where this differs from the legacy program (each also commented in place):
   * the moving average always runs after the update (the legacy's `--ordered_ema`);
   * the logged loss is the global batch's (mean cross-entropy + regulariser), not the last tower's;
   * the summaries use this step's gradients instead of pulling one more batch through the towers;
-  * checkpoints restore (resume), and the averaged weights are evaluated on the held-out set.
+  * checkpoints restore (resume), and the averaged weights are evaluated on the held-out set;
+  * running out of data (repeat 10) ends training with a message and a checkpoint;
+  * added: --log_every, --save_every, --seed, --deterministic, --connect_timeout (clusters), and a
+    `loss` summary beside the book's histograms.
 """
-import argparse
 import os
 import sys
 import time
@@ -51,6 +55,7 @@ from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_pro
                             run_reporting_usage_errors, write_histogram, write_scalar)
 from records import mnist as mnist_records  # noqa: E402
 from records.progress import progress  # noqa: E402
+from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
 
 INPUT_NODE = mnist_records.IMAGE_PIXELS  # 784
 LAYER1_NODE = 500
@@ -62,35 +67,33 @@ EVAL_BATCH_SIZE = 1000
 # Parameters: the original's constants, one flag each (names as in legacy/mnist_multi_gpu.py).
 # ----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch_size", type=int, default=100, help="BATCH_SIZE, per replica")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch_size", type=at_least(1), default=100, help="BATCH_SIZE, per replica")
     p.add_argument("--learning_rate_base", type=float, default=0.001, help="LEARNING_RATE_BASE")
-    p.add_argument("--learning_rate_decay", type=float, default=0.99, help="LEARNING_RATE_DECAY")
+    p.add_argument("--learning_rate_decay", type=fraction(), default=0.99, help="LEARNING_RATE_DECAY")
     p.add_argument("--regularization_rate", type=float, default=0.0001, help="REGULARAZTION_RATE")
-    p.add_argument("--training_steps", type=int, default=1000, help="TRAINING_STEPS")
-    p.add_argument("--moving_average_decay", type=float, default=0.99, help="MOVING_AVERAGE_DECAY")
-    p.add_argument("--num_replicas", type=int, default=2, help="N_GPU: the number of replicas")
+    p.add_argument("--max_steps", "--training_steps", dest="training_steps", type=at_least(1), default=1000,
+                   metavar="N", help="TRAINING_STEPS: steps to train, in all across resumes")
+    p.add_argument("--moving_average_decay", type=fraction(), default=0.99, help="MOVING_AVERAGE_DECAY")
+    p.add_argument("--towers", "--num_replicas", dest="num_replicas", type=at_least(1), default=2, metavar="N",
+                   help="N_GPU: the number of replicas, the towers of the original")
     p.add_argument("--model_save_path", default="logs_and_models/modern/",
                    help="MODEL_SAVE_PATH: checkpoints and events (a folder of its own: the legacy "
                         "program's TF1 checkpoints live in logs_and_models/)")
     p.add_argument("--model_name", default="model.ckpt", help="MODEL_NAME")
     p.add_argument("--data_path", default=None,
-                   help="DATA_PATH, a TFRecord in the original's format; default: the embedded "
-                        "synthetic set, made under data/mnist/ on first use")
+                   help="DATA_PATH, a TFRecord in the original's format (default: the embedded "
+                        "synthetic set, made under data/mnist/ on first use)")
     p.add_argument("--eval_data_path", default=None,
-                   help="held-out TFRecord for the averaged model's accuracy; default: the embedded "
-                        "held-out set when --data_path is not given, else no evaluation")
+                   help="held-out TFRecord for the averaged model's accuracy (default: the embedded "
+                        "held-out set when --data_path is not given, else no evaluation)")
     p.add_argument("--same_batch_per_replica", action="store_true",
                    help="reproduce the original: every replica trains on the same batch")
-    p.add_argument("--log_every", type=int, default=10, help="log (and write summaries) every N steps")
-    p.add_argument("--save_every", type=int, default=1000, help="save a checkpoint every N steps")
+    p.add_argument("--log_every", type=at_least(1), default=10, help="log (and write summaries) every N steps")
+    p.add_argument("--save_every", type=at_least(1), default=1000, help="save a checkpoint every N steps")
     cluster.add_flags(p)
     add_seed_flags(p)
-    args = p.parse_args(argv)
-    if min(args.batch_size, args.num_replicas, args.training_steps, args.log_every, args.save_every) < 1:
-        p.error("--batch_size, --num_replicas, --training_steps, --log_every and --save_every must be at least 1")
-    return args
+    return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,9 +115,8 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     batch at once (`records.mnist.parse_batch`: one ParseExample and one DecodeRaw for the batch).
     Parsing has no randomness and the shuffle's order does not depend on what it shuffles, so
     every batch holds the same rows in the same order (the harness's pipeline check compares
-    them), at a fraction of the input cost (per batch of 200 rows: 8.6 ms of CPU record by record,
-    3.8 ms with `tf.vectorized_map` of the parser, whose DecodeRaw falls back to a while loop,
-    0.8-1.2 ms wall with `parse_batch`, where the whole modern step took ~11 ms).
+    them), at a fraction of the input cost of parsing record by record (or of `tf.vectorized_map`
+    of the parser, whose DecodeRaw falls back to a while loop).
     """
     dataset = tf.data.TFRecordDataset([data_path])
     dataset = dataset.shuffle(buffer_size=10000, seed=shuffle_seed)
@@ -358,7 +360,7 @@ def train(args):
         print(f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}")
     start = int(optimizer.iterations.numpy())
     if start >= args.training_steps:
-        print(f"Nothing to train: the checkpoint is at step {start}, --training_steps is {args.training_steps}.")
+        print(f"Nothing to train: the checkpoint is at step {start}, --max_steps is {args.training_steps}.")
 
     dataset = get_input(data_path, args.batch_size, n, args.same_batch_per_replica, skip_batches=start,
                         shuffle_seed=cluster.shuffle_seed(checkpoint))
@@ -404,8 +406,8 @@ def train(args):
 
     steps_run = 0 if done is None else done + 1 - start
     print(f"Ended: {steps_run} steps (through step {step}) in {elapsed:.1f} s"
-          + (f", {steps_run * args.batch_size * n / elapsed:.1f} examples/sec" if steps_run else "")
-          + f"; last loss {loss_value:.4f}.")
+          + (f", {steps_run * args.batch_size * n / elapsed:.1f} examples/sec; last loss {loss_value:.4f}."
+             if steps_run else "."))
     if eval_data_path:
         accuracy = evaluate_averaged(shadows, eval_data_path, args.regularization_rate)
         # The book's mnist_eval.py line.

@@ -109,10 +109,10 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
             return super().call(inputs, training=False)
         # The fused kernel slim runs (FusedBatchNormV3 and its analytic gradient).  Keras 3's own
         # training path differentiates through ops.moments instead: the same function, but at the
-        # small per-replica batches of a tower program its gradient carries ~7x more round-off
-        # (compare/run.py measured relative errors of 3e-2 against 4e-3 in block1's batch-norm
-        # parameters, by permuting rows inside a replica).  With the fused kernel the legacy and
-        # modern gradients agree bit for bit.  It returns the Bessel-corrected batch variance,
+        # small per-replica batches of a tower program its gradient carries several times more
+        # round-off (compare/run.py sees it in block1's batch-norm parameters when rows are
+        # permuted inside a replica).  With the fused kernel the legacy and modern gradients agree
+        # to round-off.  It returns the Bessel-corrected batch variance,
         # n / (n - 1) times the one it normalises with, which is what slim's update uses.
         if inputs.dtype == tf.float64:  # no fused kernel for float64 (reference runs): same formulas
             outputs, batch_mean, batch_var = self._moments_batch_norm(inputs)
@@ -202,8 +202,8 @@ class ReplicaDropout(keras.layers.Dropout):
     slim.dropout in tower i is its own `random_uniform` op, so the N towers draw N independent
     masks.  Keras 3's Dropout draws `stateless_dropout(x, rate, seed=seed_generator.next())`, and
     under MirroredStrategy the seed generator's state is a mirrored variable: every replica reads
-    the same seed, so replicas with the same row count drop the SAME units (measured: identical
-    masks on 2 replicas; the parity harness, `compare/checks/forward.py`, checks the masks differ).
+    the same seed, so replicas with the same row count drop the SAME units (identical masks on
+    2 replicas; the parity harness, `compare/checks/forward.py`, checks the masks differ).
     Here the replica's id is folded into the seed:  seed_i = stateless_fold_in(seed, replica_id).  Per row the mask is
     still keep with probability 1 - rate, scaled by 1 / (1 - rate), as slim's.
     """

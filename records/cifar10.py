@@ -18,7 +18,6 @@ The converter reads the standard "CIFAR-10 python version" (`data_batch_1` .. `d
 `test_batch`: pickled dicts with b'data', N x 3072 uint8 in channel-major order, and b'labels') and
 writes `train.tfrecords` (50000) and `test.tfrecords` (10000).
 """
-import argparse
 import os
 import pickle
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from records import tfrecord
+from records.usage import ArgumentParser, at_least
 
 IMAGE_SIZE = 32
 CHANNELS = 3
@@ -43,8 +43,8 @@ TEST_FILE = "test.tfrecords"
 # 256 do (a last batch of 80: towers [40, 40] with the fix, [80, 0] under the bug):
 #   the fix, current_batch_size = 5 // 2 = 2: towers [2, 2], one row dropped (an odd remainder);
 #   --split=static, a constant 16 // 2 = 8: towers [5, 0], tower 1 EMPTY (a remainder below 8).
-# 8 epochs = 504 steps: about 3 minutes of training on 2 CPU cores for the two-tower ResNet-v2-50,
-# and enough batch-norm moving-average updates (decay 0.997) for validation to climb well above chance.
+# 8 epochs = 504 steps: minutes of training on 2 CPU cores for the two-tower ResNet-v2-50, and
+# enough batch-norm moving-average updates (decay 0.997) for validation to climb well above chance.
 SYNTHETIC_TRAIN = 997
 SYNTHETIC_VALID = 250
 SYNTHETIC_SEED = 0
@@ -222,7 +222,7 @@ def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
     """The embedded default data set in `data_dir`: ([train file], [valid file]).
 
     Made on first use, and made again when the files there do not hold SYNTHETIC_TRAIN and
-    SYNTHETIC_VALID records (a set left by an older version, or a damaged one).  Deterministic
+    SYNTHETIC_VALID records (a set of other sizes, or a damaged one).  Deterministic
     (fixed seeds), so every clone makes the same bytes.
     """
     train_path, test_path = os.path.join(data_dir, TRAIN_FILE), os.path.join(data_dir, TEST_FILE)
@@ -263,14 +263,14 @@ def fill_profile(args, profile, original):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--src", help="folder of the CIFAR-10 python distribution (cifar-10-batches-py)")
+    parser = ArgumentParser(prog="python -m records.cifar10", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", help="folder of the CIFAR-10 python distribution, cifar-10-batches-py "
+                                      "(default: none; give it or --synthetic)")
     parser.add_argument("--out", required=True, help="folder to write train.tfrecords and test.tfrecords into")
     parser.add_argument("--synthetic", action="store_true", help="write the embedded synthetic set instead")
-    parser.add_argument("--num_train", type=int, default=SYNTHETIC_TRAIN)
-    parser.add_argument("--num_valid", type=int, default=SYNTHETIC_VALID)
-    parser.add_argument("--seed", type=int, default=SYNTHETIC_SEED)
+    parser.add_argument("--num_train", type=at_least(1), default=SYNTHETIC_TRAIN, help="synthetic training images")
+    parser.add_argument("--num_valid", type=at_least(1), default=SYNTHETIC_VALID, help="synthetic validation images")
+    parser.add_argument("--seed", type=int, default=SYNTHETIC_SEED, help="seed of the synthetic set")
     args = parser.parse_args(argv)
     try:
         if args.synthetic:

@@ -7,10 +7,8 @@ TensorFlow processes started by tests are small: a few steps, tiny batches.
 
 Under `-n N`, each test process's TensorFlow (and every program it starts, which inherits the
 environment) gets its share of the cores for its intra-op thread pool, not all of them: two pools
-of two threads on two cores cost more CPU than they save.  Measured on 2 cores, the README's command
-on one clone: 675 s wall and 1218 s CPU with TensorFlow's default; 474 s and 873 s
-with one intra-op thread per test process; serially (no -n) 789 s and 958 s.  From clean clones
-since: 485, 490, 540, 605, 536 and 567 s (a shared machine).  `TF_NUM_INTRAOP_THREADS` set by the caller wins.
+of two threads on two cores compete for them and cost more CPU and wall time than they save.
+`TF_NUM_INTRAOP_THREADS` set by the caller wins.
 """
 import os
 import subprocess
@@ -38,15 +36,14 @@ def run_program(args, cwd=None, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-# The slowest modules, slowest first (seconds under the README's command on 2 cores, measured with
-# --durations=0) are handed out first, so that the two processes end close together; xdist's own
-# order (most tests first) handed out the one-test compare/run.py module last.  Any other module
-# follows, in file order.
-SLOWEST_FIRST = ("test_compare_cifar",   # ~245 s: the in-process harness and its planted defects
-                 "test_legacy_cifar",    # ~140 s: two two-tower graphs, three program runs
-                 "test_multiworker",     # ~115 s: five 2-worker clusters
-                 "test_compare_towers",  # ~85 s: compare/run.py at 1 and 3 towers
-                 "test_compare_mnist")   # ~60 s
+# The slowest modules, slowest first (`--durations=0` ranks them), are handed out first, so that
+# the two processes end close together; xdist's own order (most tests first) would hand out the
+# one-test compare/run.py module last.  Any other module follows, in file order.
+SLOWEST_FIRST = ("test_compare_cifar",   # the in-process harness and its planted defects
+                 "test_legacy_cifar",    # two two-tower graphs, three program runs
+                 "test_multiworker",     # five 2-worker clusters
+                 "test_compare_towers",  # compare/run.py at 1 and 3 towers
+                 "test_compare_mnist")
 
 
 def pytest_configure(config):

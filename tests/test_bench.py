@@ -62,7 +62,8 @@ def test_repeats_are_interleaved_and_every_run_is_summarised(monkeypatch, capsys
 
     def spawn(spec):
         if spec["model"] == "calibrate":
-            return dict(matmul_gflops=100.0, matmul_size=spec["matmul_size"], flops={"mnist": {"legacy": 1e6, "modern": 1e6}})
+            return dict(matmul_gflops=100.0, matmul_size=spec["matmul_size"],
+                        flops={"mnist": {"legacy": 1e6, "modern": 1e6}})
         order.append((spec["variant"], spec["replicas"]))
         seconds = 0.01 * (len(order) + 1)  # each run its own speed, to find it in the summary
         return dict(rows=[spec["batch"]] * 4, seconds=[seconds] * 4, first_step_s=1.0, peak_rss_mb=500.0,
@@ -81,7 +82,7 @@ def test_repeats_are_interleaved_and_every_run_is_summarised(monkeypatch, capsys
     # legacy at 2 replicas 3rd and 7th: 0.04 s and 0.08 s.  Every figure below is worked out here from
     # those inputs (and the calibration: 1 MFLOP forward per example, a 100 GFLOP/s peak).
     records = json.loads(path.read_text())["configurations"]
-    record, legacy = records[3], records[2]
+    record = records[3]
     assert (record["variant"], record["replicas"], record["repeats"], record["timed_steps"]) == ("modern", 2, 2, 6)
     modern_median = (100 / 0.05 + 100 / 0.09) / 2  # the median of 3 x 2000 and 3 x 1111 examples/sec
     assert record["examples_per_sec_median"] == pytest.approx(modern_median)

@@ -170,7 +170,7 @@ def test_both_data_sets_live_under_data_relative_to_the_working_directory():
 
 def test_ensure_default_data_remakes_a_set_of_another_size(tmp_path):
     folder = str(tmp_path / "syn")
-    cifar10.make_synthetic(folder, num_train=7, num_valid=3)  # e.g. left by an older version
+    cifar10.make_synthetic(folder, num_train=7, num_valid=3)  # a set of other sizes
     train, valid = cifar10.ensure_default_data(folder)
     assert cifar10.check_tfrecord_files(train + valid) == [cifar10.SYNTHETIC_TRAIN, cifar10.SYNTHETIC_VALID]
 

@@ -181,7 +181,8 @@ def test_legacy_average_gradients_that_sums_fails_the_gradient_check(sides, monk
 
     monkeypatch.setattr(legacy_cifar, "average_gradients", summed)
     with basics.shuffle_off():
-        planted = sides_module.build(sides.pair, sides.pairing, 2, sides.files, str(tmp_path), start_path=sides.start_path,
+        planted = sides_module.build(sides.pair, sides.pairing, 2, sides.files, str(tmp_path),
+                                     start_path=sides.start_path,
                                      modern=sides.modern, log=lambda *_: None)
     planted.tolerances, planted.spread = sides.tolerances, sides.spread
     try:

@@ -45,7 +45,8 @@ def test_harness_passes_on_the_real_programs(tmp_path):
         assert {f"{label}: configuration (flags and what they build)", f"{label}: input pipelines",
                 f"{label}: variables", f"{label}: lr schedule", f"{label}: checkpoint round trip",
                 f"{label}: gradients (read out of the train step)", f"{label}: 2 training steps: loss and gradients",
-                f"{label}: {STEPS} free-running steps (chaos floor)", f"{label}: evaluation (one checkpoint)"} <= set(results)
+                f"{label}: {STEPS} free-running steps (chaos floor)",
+                f"{label}: evaluation (one checkpoint)"} <= set(results)
     assert results["deviation: moving averages"].status == "PASS"
     # Not vacuous: 4 gradients, both regimes of the moving average, the losses moved.
     assert len(results["deviation: gradients (read out of the train step)"].errors) == 4
@@ -209,7 +210,8 @@ def shuffled_get_input(buffer_size=10000, reshuffle=True, after_batching=False):
 def test_a_shuffle_mistake_fails_the_shuffled_pipeline_check(tmp_path, monkeypatch, mistake, planted):
     monkeypatch.setattr(modern_mnist, "get_input", shuffled_get_input(**planted))
     results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("shuffle",)))
-    assert failed(results) == ["deviation: shuffled pipelines (two epochs)", "original: shuffled pipelines (two epochs)"]
+    assert failed(results) == ["deviation: shuffled pipelines (two epochs)",
+                               "original: shuffled pipelines (two epochs)"]
     # The same pipeline with the shuffle switched off is still row for row the legacy one.
     results = run_harness(tmp_path / "basics", dataclasses.replace(SETTINGS, only=("basics",)))
     assert results["deviation: input pipelines"].status == "PASS"
@@ -219,7 +221,8 @@ def test_a_flag_parsed_but_built_from_a_constant_fails_the_flags_check(tmp_path,
     """The port parses --moving_average_decay but averages with the constant 0.99: at the default the
     two agree, so only a non-default value shows it."""
     real = modern_mnist.make_moving_average
-    monkeypatch.setattr(modern_mnist, "make_moving_average", lambda model, optimizer, decay=0.99: real(model, optimizer))
+    monkeypatch.setattr(modern_mnist, "make_moving_average",
+                        lambda model, optimizer, decay=0.99: real(model, optimizer))
     results = run_harness(tmp_path, dataclasses.replace(SETTINGS, quick=False, only=("flags",)))
     assert failed(results) == ["deviation: flags through what they build", "original: flags through what they build"]
     worst = results["deviation: flags through what they build"].worst.name

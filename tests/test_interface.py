@@ -60,7 +60,8 @@ def test_momentum_slots_convert_between_the_two_parameterisations():
     one step of each rule lands on the same weights, and each slot reads back the same gradient."""
     rng = np.random.default_rng(0)
     (w, a, g), lr, mom = (rng.normal(size=5) for _ in range(3)), 0.05, 0.9
-    tf1_rule, keras_rule = optimizers.Rule("momentum", "tf1", momentum=mom), optimizers.Rule("momentum", "keras", momentum=mom)
+    tf1_rule, keras_rule = (optimizers.Rule("momentum", "tf1", momentum=mom),
+                            optimizers.Rule("momentum", "keras", momentum=mom))
     m = optimizers.modern_slots_from_legacy(keras_rule, {"accum": a.astype(np.float32)}, lr)["momentum"]
     a1, m1 = mom * a + g, mom * m - lr * g
     assert np.allclose(w - lr * a1, w + m1, atol=1e-6)

@@ -1,6 +1,6 @@
 """legacy/cifar_resnet.py: the original's two-tower graph, its batch splits, restore, and a short run.
 
-The slow graphs (ResNet-v2-50, two towers, ~10 s each to build) are built once for the module.
+The slow graphs (ResNet-v2-50, two towers, slow to build) are built once for the module.
 """
 import glob
 import os

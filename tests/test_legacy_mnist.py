@@ -178,7 +178,8 @@ def test_short_run_logs_the_quirk_and_writes_checkpoints_and_events(trained):
     proc = trained.proc
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "all 2 towers train on the same batch of 100" in proc.stdout
-    assert re.search(r": step 10, loss = [\d.]+ \([\d.]+ examples/sec; [\d.]+ sec/batch\) \[step 11/\d+, ETA \d", proc.stdout)
+    assert re.search(r": step 10, loss = [\d.]+ \([\d.]+ examples/sec; [\d.]+ sec/batch\) "
+                     r"\[step 11/\d+, ETA \d", proc.stdout)
     names = {p.name for p in trained.models.iterdir()}
     assert {"checkpoint", "model.ckpt-0.index", "model.ckpt-19.index"} <= names
     assert any(n.startswith("events.out.tfevents.") for n in names)

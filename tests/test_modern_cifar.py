@@ -392,7 +392,7 @@ def test_missing_data_file_is_one_paragraph_and_exit_code_2(strategy, tmp_path, 
 
 
 def test_a_batch_the_strategy_would_leave_a_replica_empty_is_recognised():
-    # Measured re-batching of MirroredStrategy: ceil(B / N) rows per replica, in order.
+    # MirroredStrategy's re-batching: ceil(B / N) rows per replica, in order.
     empty = {(1, 2): True, (3, 2): False, (4, 3): True, (5, 3): False, (5, 4): True, (6, 4): True,
              (7, 4): False, (9, 4): True, (16, 2): False, (1, 1): False}
     assert {k: bool(cifar_resnet.leaves_a_replica_empty(*k)) for k in empty} == empty

@@ -184,7 +184,7 @@ def small_data(tmp_path_factory):
 def _run(data, model_dir, steps):
     train, held_out = data
     return run_program(["modern/mnist_multi_gpu.py", "--data_path", train, "--eval_data_path", held_out,
-                        "--training_steps", str(steps), "--model_save_path", model_dir, "--deterministic"])
+                        "--max_steps", str(steps), "--model_save_path", model_dir, "--deterministic"])
 
 
 def _checkpoint_values(prefix):
@@ -205,7 +205,8 @@ def two_runs(small_data, tmp_path_factory):
 
 def test_short_run_writes_checkpoints_summaries_and_evaluates_the_average(two_runs):
     folder, result = two_runs[0]
-    assert re.search(r": step 10, loss = [\d.]+ \([\d.]+ examples/sec; [\d.]+ sec/batch\) \[step 11/15, ETA \d", result.stdout)
+    assert re.search(r": step 10, loss = [\d.]+ \([\d.]+ examples/sec; [\d.]+ sec/batch\) "
+                     r"\[step 11/15, ETA \d", result.stdout)
     assert "After 15 training step(s), validation accuracy using average model is" in result.stdout
     assert tf.train.latest_checkpoint(folder).endswith("model.ckpt-14")
     assert os.path.exists(os.path.join(folder, "model.ckpt-0.index"))
@@ -250,6 +251,12 @@ def test_second_invocation_resumes_from_the_latest_checkpoint(small_data, two_ru
     assert ": step 20, loss = " in result.stdout and ": step 10, loss" not in result.stdout
     assert "After 25 training step(s)" in result.stdout
     assert tf.train.latest_checkpoint(folder).endswith("model.ckpt-24")
+    # Once more: nothing left to train is said, and no loss is made up for the steps not run.
+    again = _run(small_data, folder, 25)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Nothing to train: the checkpoint is at step 25, --max_steps is 25." in again.stdout
+    ended = [line for line in again.stdout.splitlines() if line.startswith("Ended:")]
+    assert ended and ended[0].startswith("Ended: 0 steps") and "loss" not in ended[0], ended
 
 
 def test_missing_data_file_is_one_paragraph_and_exit_code_2(strategy, tmp_path, capsys):

@@ -4,7 +4,7 @@ worker (SIGKILL) resumed without retraining a step, the launcher stopping every 
 fails, and the usage errors.
 
 Every cluster runs on 127.0.0.1 ports the launcher picks free; every wait has a timeout.  MNIST only,
-a few dozen steps, so the whole module stays around a minute on 2 CPU cores.
+a few dozen steps.
 """
 import glob
 import json
@@ -122,7 +122,8 @@ def test_sigterm_and_sigkill_resume_without_retraining_a_step(tmp_path):
     text = "".join(lines)
     assert code == 0, text[-3000:]
     assert min(steps3) == killed_at + 1 and max(steps3) == STEPS - 1
-    last_loss = float(re.search(r"\[worker 0\] Ended: .* \(through step (\d+)\) .*last loss ([-\w.]+)", text)[2].rstrip("."))
+    last_loss = float(re.search(r"\[worker 0\] Ended: .* \(through step (\d+)\) .*last loss ([-\w.]+)",
+                                text)[2].rstrip("."))
     assert math.isfinite(last_loss)
     assert f"After {STEPS} training step(s)" in text
     # Checkpoints and event files intact: every one listed reads back, every event record parses.
@@ -209,7 +210,7 @@ def test_a_worker_whose_peer_never_comes_gives_up_after_connect_timeout(tmp_path
 
 
 def test_a_lost_peer_is_named_with_the_way_back(tmp_path):
-    """The paragraph a survivor prints (the error is the one measured when worker 1 was SIGKILLed)."""
+    """The paragraph a survivor prints (the error a SIGKILL of worker 1 produces)."""
     worker = cluster.Worker(["127.0.0.1:1111", "127.0.0.1:2222"], 0, 1)
     error = tf.errors.UnavailableError(None, None, (
         "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\n"

@@ -73,7 +73,8 @@ def test_a_third_legacy_program_is_judged_by_the_same_checks(tmp_path):
     results = {r.check: r for r in judged(tmp_path, legacy_mnist=third)}
     failed = {n for n, r in results.items() if r.status == "FAIL"}
     for label in ("original", "deviation"):
-        assert {f"{label}: gradients (read out of the train step)", f"{label}: 4 free-running steps (chaos floor)"} <= failed
+        assert {f"{label}: gradients (read out of the train step)",
+                f"{label}: 4 free-running steps (chaos floor)"} <= failed
         for check in ("configuration (flags and what they build)", "lr schedule", "input pipelines", "variables",
                       "checkpoint round trip"):
             assert results[f"{label}: {check}"].status == "PASS", check

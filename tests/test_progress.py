@@ -14,4 +14,5 @@ def test_nothing_before_the_first_step_or_without_a_total():
 
 
 def test_durations_read_as_hours_minutes_seconds():
-    assert [duration(s) for s in (0.4, 59.6, 61, 3599, 3600, 7325)] == ["0s", "1m00s", "1m01s", "59m59s", "1h00m", "2h02m"]
+    assert ([duration(s) for s in (0.4, 59.6, 61, 3599, 3600, 7325)]
+            == ["0s", "1m00s", "1m01s", "59m59s", "1h00m", "2h02m"])

@@ -42,8 +42,10 @@ def build_graph(num_towers, learning_rate, momentum):
     with tf1.variable_scope(tf1.get_variable_scope()):
         for i in range(num_towers):
             with tf1.device(devices[i]), tf1.name_scope(f"tower_{i}"):
-                xs, ys = x[i * current_batch_size:(i + 1) * current_batch_size], y[i * current_batch_size:(i + 1) * current_batch_size]
-                w = tf1.get_variable("softmax/weights", [FEATURES, CLASSES], initializer=tf1.truncated_normal_initializer(stddev=0.1))
+                xs, ys = (x[i * current_batch_size:(i + 1) * current_batch_size],
+                          y[i * current_batch_size:(i + 1) * current_batch_size])
+                w = tf1.get_variable("softmax/weights", [FEATURES, CLASSES],
+                                     initializer=tf1.truncated_normal_initializer(stddev=0.1))
                 b = tf1.get_variable("softmax/biases", [CLASSES], initializer=tf1.zeros_initializer())
                 logits = tf.matmul(xs, w) + b
                 loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ys, logits=logits))
@@ -124,7 +126,8 @@ class Data:
 
     def batch(self, rows, seed):
         rng = np.random.RandomState(seed)
-        return Batch(rng.normal(size=(rows, FEATURES)).astype(np.float32), rng.randint(0, CLASSES, rows).astype(np.int32))
+        return Batch(rng.normal(size=(rows, FEATURES)).astype(np.float32),
+                     rng.randint(0, CLASSES, rows).astype(np.int32))
 
 
 def make_pair(**changes):

@@ -100,14 +100,16 @@ def check_moving_averages(sides, steps, start=None, suffix=""):
             m0 = before_m.shadows[n].astype(np.float64)
             predicted = candidates(m0, before_m.weights[n], after_wm[n], n_m, d)["w after, step after"]
             floor_m = 2 * np.linalg.norm(np.spacing(np.abs(before_m.shadows[n]))) / tol.rel_l2
-            errors.append(tensor_error(f"step {k}: modern {n} shadow update", after_sm[n] - m0, predicted - m0, floor_m))
+            errors.append(tensor_error(f"step {k}: modern {n} shadow update", after_sm[n] - m0, predicted - m0,
+                                       floor_m))
     regimes = (f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"
                if half else f"{steps} steps from step {start.step} (decay {d(start.step):g})")
     if ordered:
         return [judge(name, sides.pair.name, errors, tol,
                       note=f"legacy averages after the update, as the modern program; {regimes}")]
     ok = max(gaps) > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
-    return [judge(f"{sides.label}moving average (unordered){suffix}", sides.pair.name, errors, tol, expected=True, ok=ok,
+    return [judge(f"{sides.label}moving average (unordered){suffix}", sides.pair.name, errors, tol, expected=True,
+                  ok=ok,
                   note="each legacy shadow update matched one of the 4 schedules (seen: "
                        + ", ".join(f"{c} {v}" for c, v in sorted(seen.items()))
                        + f"); modern = ordered; the schedules differ by up to {max(gaps):.2g}; {regimes}")]

@@ -24,13 +24,14 @@ def check_config(sides):
     (Pair.flag_values), to the same settings for every flag both accept; and they build what
     those settings say: each dropout's rate, each batch norm's decay and epsilon, the optimizer
     (each within one float32 rounding of the legacy graph's own arithmetic)."""
-    pair, legacy, modern = sides.pair, sides.legacy, sides.modern
+    pair = sides.pair
     towers_l = tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag)
     towers_m = tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
     skip = set(pair.own_flags) | towers_l | towers_m
     differ, compared = [], set()
     if not towers_l or not towers_m:
-        differ.append(f"no parsed setting follows {pair.legacy.tower_flag if not towers_l else pair.modern.replica_flag}")
+        differ.append(f"no parsed setting follows "
+                      f"{pair.legacy.tower_flag if not towers_l else pair.modern.replica_flag}")
     for argv in [()] + [tuple(a) for a in pair.flag_values]:
         la = pair.legacy.parse_args([pair.legacy.tower_flag, "3", *argv])
         ma = pair.modern.parse_args([pair.modern.replica_flag, "3", *argv])
@@ -130,7 +131,8 @@ def check_checkpoint_round_trip(sides):
         np.array_equal(dst.get_tensor(n), src.get_tensor(n)) for n in names)
     return judge(name, sides.pair.name, errors, "exact", ok=exact,
                  note=f"{len(names)} tensors TF1 -> modern -> TF1, compared bit for bit"
-                      + ("" if same else f"; names differ: {sorted(set(dst.get_variable_to_shape_map()) ^ set(names))[:4]}"))
+                      + ("" if same else
+                         f"; names differ: {sorted(set(dst.get_variable_to_shape_map()) ^ set(names))[:4]}"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ def modern_pipeline(sides, flags):
             with shuffle_off():
                 built = pair.modern.input_pipeline(flags, sides.towers, sides.files)
         train, valid = built if isinstance(built, tuple) else (built, None)
-        return modern_batches(train, PIPELINE_STEPS), (modern_batches(valid, PIPELINE_STEPS) if valid is not None else [])
+        return modern_batches(train, PIPELINE_STEPS), (modern_batches(valid, PIPELINE_STEPS)
+                                                       if valid is not None else [])
     return describe(read, 1)
 
 
@@ -245,7 +246,8 @@ class Side:
     def level(self, which):
         if which not in self._levels:
             if which == "pipeline":
-                self._levels[which] = (legacy_pipeline if self.name == "legacy" else modern_pipeline)(self.sides, self.flags)
+                self._levels[which] = (legacy_pipeline if self.name == "legacy" else modern_pipeline)(
+                    self.sides, self.flags)
             elif which == "built":
                 self._levels[which], self._run = (legacy_built if self.name == "legacy" else modern_built)(
                     self.sides, self.flags)
@@ -312,7 +314,8 @@ def check_flags(sides):
             differ = []
             for key in set(found.get("legacy", [])) & set(found.get("modern", [])):
                 if key.startswith(COMPARABLE):
-                    a, b = trial["legacy"].level(seen_at["legacy"]).get(key), trial["modern"].level(seen_at["modern"]).get(key)
+                    a, b = (trial["legacy"].level(seen_at["legacy"]).get(key),
+                            trial["modern"].level(seen_at["modern"]).get(key))
                     if key.startswith("rows of each"):
                         # The steps both read: at the end of the data a legacy step whose towers each
                         # take the next batch raises OutOfRange as soon as one tower finds none.

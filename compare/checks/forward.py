@@ -29,7 +29,8 @@ def free_biases(grads):
     out = []
     for n, g in grads.items():
         sibling = sibling_weights(n, grads)
-        if sibling and np.linalg.norm(np.asarray(g, np.float64)) <= FREE * np.linalg.norm(np.asarray(grads[sibling], np.float64)):
+        if sibling and (np.linalg.norm(np.asarray(g, np.float64))
+                        <= FREE * np.linalg.norm(np.asarray(grads[sibling], np.float64))):
             out.append(n)
     return sorted(out)
 
@@ -123,7 +124,8 @@ def check_dropout(sides, units=2 ** 23):
                                    np.array([scale.min(), scale.max()]), np.full(2, np.float32(1 / kp)))
             errors += [e_kept, e_scale]
             ok &= e_kept.max_abs <= 5 * sigma and e_scale.max_rel <= 2 * EPS32
-            agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0))) for i, j in itertools.combinations(range(len(outs)), 2)]
+            agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0)))
+                     for i, j in itertools.combinations(range(len(outs)), 2)]
             if agree:
                 e = tensor_error(f"{side} dropout {k} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
                                  np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2))

@@ -15,9 +15,9 @@ def check_free_running(sides, steps, factor=FACTOR, start=None, suffix=""):
     weights have moved) must stay within `factor` times the legacy-perturbed distance (the system's
     own sensitivity to round-off, measured in this run, never below float32's resolution of the
     weights), or within k + 1 steps' model tolerance, whichever is larger; and so must each step's
-    loss, unless the trajectory is chaotic.  Catches what the restart check cannot: slow drift, optimizer state carried wrong from step
-    to step, a schedule that goes wrong between the checked steps, a regulariser that only shows in
-    the loss."""
+    loss, unless the trajectory is chaotic.  Catches what the restart check cannot: slow drift,
+    optimizer state carried wrong from step to step, a schedule that goes wrong between the checked
+    steps, a regulariser that only shows in the loss."""
     legacy, modern = sides.legacy, sides.modern
     model_tol = sides.tolerances["model"].rel_l2
     names = sorted(legacy.trainable)
@@ -55,8 +55,7 @@ def check_free_running(sides, steps, factor=FACTOR, start=None, suffix=""):
         rows.append({"d_m": np.linalg.norm(wl - wm) / moved, "d_p": max(np.linalg.norm(wl - wp), resolution) / moved,
                      "e_loss": abs(ll - lm) / max(abs(ll), 1e-30), "p_loss": abs(ll - lp) / max(abs(ll), 1e-30)})
     # Chaotic: the loss of the legacy program started 1 ulp away drifts from its own beyond the step
-    # tolerance.  Then one run's loss says little (measured: 7% legacy-modern against 0.14%
-    # legacy-perturbed at one step, the weights 0.8 against 1.1): only the weights' distance is judged,
+    # tolerance.  Then one run's loss says little: only the weights' distance is judged,
     # against the chaos floor.  (The weights' distance is no measure of chaos: one ulp of every weight
     # is large against the first steps' movement.)
     chaotic = any(r["p_loss"] > (k + 1) * model_tol for k, r in enumerate(rows))

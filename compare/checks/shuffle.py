@@ -57,7 +57,8 @@ def modern_rows(sides, flags, files, rows, shuffled=True):
             dataset = sides.pair.modern.input_pipeline(flags, n, files)
     dataset = dataset[0] if isinstance(dataset, tuple) else dataset  # (train, valid): the training one
     copies = sides.towers if sides.pairing.same_rows_on_every_tower else 1  # one batch tiled for every replica
-    return [row for x, y, w in modern_batches(dataset, rows=rows * copies) for row in list(zip(x, y))[:len(x) // copies]]
+    return [row for x, y, w in modern_batches(dataset, rows=rows * copies)
+            for row in list(zip(x, y))[:len(x) // copies]]
 
 
 def keys(rows):
@@ -93,9 +94,11 @@ def check_shuffle(sides):
     rows = pair.shuffle_rows
     files = dict(pair.data.write_rows(os.path.join(sides.tmp_dir, f"{pair.name}_shuffle"), rows, sides.seed))
     argv = (*pair.harness_argv(sides.towers), *pair.shuffle_argv)
-    legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(sides.towers), *argv, *sides.pairing.legacy_argv])
-    modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(sides.towers), *argv, *sides.pairing.modern_argv])
-    out, notes = {}, []
+    legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(sides.towers), *argv,
+                                           *sides.pairing.legacy_argv])
+    modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(sides.towers), *argv,
+                                           *sides.pairing.modern_argv])
+    out = {}
     for side, read, flags in (("legacy", legacy_rows, legacy_flags), ("modern", modern_rows, modern_flags)):
         order = keys(read(sides, flags, files, rows, shuffled=False))[:rows]
         index = {k: i for i, k in enumerate(order)}
@@ -116,13 +119,15 @@ def check_shuffle(sides):
     errors = [TensorError("epoch 1 a permutation (legacy, modern)", float(perm_l), float(perm_m),
                           0.0 if perm_l == perm_m else math.inf),
               TensorError("displacement in epoch 1: KS statistic over its alpha 1e-6 bound", d, d_crit, d / d_crit),
-              TensorError("neighbours kept: |legacy - modern| over 5 sigma", abs(nb_l - nb_m), nb_l, binomial(nb_l, nb_m)),
+              TensorError("neighbours kept: |legacy - modern| over 5 sigma", abs(nb_l - nb_m), nb_l,
+                          binomial(nb_l, nb_m)),
               TensorError("epochs alike: |legacy - modern| over 5 sigma", abs(alike_l - alike_m), alike_l,
                           binomial(alike_l, alike_m))]
     spread = lambda disp: f"{np.mean(np.abs(disp)):.0f}"  # noqa: E731
     tolerance = Tolerance("sampling", 1.0, "each statistic over its bound: the KS statistic over its critical value "
                                            "at alpha 1e-6, the fractions' difference over 5 binomial sigma")
     return judge(name, pair.name, errors, tolerance,
-                 note=f"{rows} rows, two epochs each: mean |displacement| legacy {spread(disp_l)} / modern {spread(disp_m)} "
+                 note=f"{rows} rows, two epochs each: mean |displacement| legacy {spread(disp_l)} "
+                      f"/ modern {spread(disp_m)} "
                       f"rows, neighbours kept {nb_l:.3f} / {nb_m:.3f}, epochs alike {alike_l:.3f} / {alike_m:.3f}, "
                       f"epoch 1 a permutation {perm_l} / {perm_m}")

@@ -195,7 +195,8 @@ def check_equal_weights(sides, batch, feed, loss_l, grads_l, step, name, cut):
         grads_p = {k: grads_p[k] + w * np.asarray(part["gradients"][k], np.float64) for k in grads_p}
     errors = errors_of(sides, loss_l, grads_l, loss_p, grads_p)
     gap = max(e.rel_l2 for e in gradient_errors(sides, grads_p, step["gradients"]))
-    ok = gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors) and keeps_every_row(batch, step["replicas"])
+    ok = (gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
+          and keeps_every_row(batch, step["replicas"]))
     return judge(name, sides.pair.name, errors, tol, expected=True, ok=ok,
                  note=f"{cut}: legacy = sum of its towers' weights x the modern step on each tower's rows alone; "
                       f"the modern step on all rows (each alike) differs from it by {gap:.2g} (> 10 x tolerance)")
@@ -225,7 +226,8 @@ def check_fewer(sides):
         return judge(name, sides.pair.name, errors, tol, expected=True,
                      ok=failed == empty and ok_m and all(e.rel_l2 <= tol.rel_l2 for e in errors),
                      note=f"{cut}: legacy towers {failed} failed ({how}), predicted {empty} (no rows); the modern "
-                          f"step finite, every row weighing alike" + (", = the legacy towers fed the modern replicas' rows"
+                          f"step finite, every row weighing alike"
+                          + (", = the legacy towers fed the modern replicas' rows"
                                                            if errors else ""))
     sides.legacy.set_state(sides.start)
     masks = sides.tower_masks(batch, feed.rows, step["masks"], step["replicas"])
@@ -262,7 +264,8 @@ def replica_row_errors(sides, batch, step):
     from compare.sides import row_index, row_key
     index = row_index(batch)
     rows = [np.array([index[row_key(x[j], y[j])] for j in range(len(x))], int) for x, y, _ in step["replicas"]]
-    weights = [float(np.sum(w)) / sum(float(np.sum(w_)) for _, _, w_ in step["replicas"]) for _, _, w in step["replicas"]]
+    weights = [float(np.sum(w)) / sum(float(np.sum(w_)) for _, _, w_ in step["replicas"])
+               for _, _, w in step["replicas"]]
     sides.legacy.set_state(sides.start)
     masks = sides.tower_masks(batch, rows, step["masks"], step["replicas"])
     loss_l, grads_l = sides.legacy.gradients(batch, masks, towers=(rows, weights))

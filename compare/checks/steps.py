@@ -122,7 +122,9 @@ def check_training_steps(sides, count, steps_at=None, start=None, suffix=""):
         keras_before = {n: optimizers.modern_slots_from_legacy(rule_m, state.slots[n], lr_state) for n in names}
         jobs = [("legacy", n) for n in names] + [("modern", n) for n in names]
 
-        def judge_one(job, step=step, state=state, after_l=after_l, grads_l=grads_l, lr_l=lr_l, out_m=out_m):
+        def judge_one(job, step=step, state=state, after_l=after_l, grads_l=grads_l, lr_l=lr_l, out_m=out_m,
+                      b1p=b1p, b2p=b2p, keras_before=keras_before, after_s=after_s, after_w=after_w,
+                      powers_m=powers_m):
             side, n = job
             if side == "legacy":
                 return optimizers.update_errors(
@@ -157,7 +159,8 @@ def check_training_steps(sides, count, steps_at=None, start=None, suffix=""):
         judge(f"{label}lr schedule{suffix}", name, lr_errors, lr_tol,
               note=f"the rate each step used, at global steps {steps_at}, and the schedules probed at {probes}; "
                    f"the legacy schedule {schedule}"),
-        judge(f"{label}{len(steps_at)} training step{plural}: loss and gradients{suffix}", name, loss_err + grad_err, tol,
+        judge(f"{label}{len(steps_at)} training step{plural}: loss and gradients{suffix}", name, loss_err + grad_err,
+              tol,
               note=f"each step from the legacy state; modern gradients {out_m['source']}",
               extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
         judge(f"{label}{len(steps_at)} training step{plural}: optimizer on each side{suffix}", name, opt_err,
@@ -254,7 +257,8 @@ def check_moving_statistics(sides, per_step, suffix=""):
             v = np.asarray(before[name], np.float64)
             a = [np.asarray(stats[i], np.float64) for i in ix]
             floor = ((len(ix) + 1) * np.linalg.norm(np.spacing(np.abs(before[name])))
-                     + 4 * (1 - decay[name]) * sum(np.linalg.norm(np.spacing(np.abs(stats[i]))) for i in ix)) / tol.rel_l2
+                     + 4 * (1 - decay[name]) * sum(np.linalg.norm(np.spacing(np.abs(stats[i])))
+                                                   for i in ix)) / tol.rel_l2
             preds = predictions_legacy(v, a, decay[name])
             scored = [tensor_error("", after_l[name] - v, p - v, floor).rel_l2 for p in preds]
             best = int(np.argmin(scored))

@@ -25,8 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from compare import programs
-from compare.checks.forward import grad_errors
-from compare.checks.splits import finite, tower_outcome
+from compare.checks.splits import finite
 from compare.interface import Batch, LegacyGraph, LegacyPipeline, ModernBuild, Pair, Pairing, StepResult, TowerFeed
 from compare.report import judge, tensor_error
 from modern import checkpoints, cluster
@@ -83,7 +82,7 @@ class CifarGraph(LegacyGraph):
 
 
 class Legacy:
-    tower_flag = "--num_towers"
+    tower_flag = "--towers"
 
     def parse_args(self, argv):
         return programs.legacy_cifar.parse_args(argv)
@@ -158,7 +157,7 @@ def replica_batches(strategy, x, y):
 
 
 class Modern:
-    replica_flag = "--num_replicas"
+    replica_flag = "--towers"
 
     def parse_args(self, argv):
         return programs.modern_cifar.parse_args(argv)
@@ -272,7 +271,8 @@ def check_static_bug(sides):
     return judge("split: --split=static (seed bug)", NAME, [], "exact", expected=True,
                  ok=failed == predicted and finite(step["loss"], step["gradients"]),
                  note=f"{b} rows, constant {b} per tower: legacy towers {failed} failed ({', '.join(sorted(how))}), "
-                      f"predicted {predicted} (i * {b} >= {b}); modern rows {[len(r[0]) for r in step['replicas']]}, finite")
+                      f"predicted {predicted} (i * {b} >= {b}); "
+                      f"modern rows {[len(r[0]) for r in step['replicas']]}, finite")
 
 
 def check_profiles(sides):
@@ -281,7 +281,8 @@ def check_profiles(sides):
               if getattr(programs.legacy_cifar, key) != getattr(programs.modern_cifar, key)]
     return judge("size profiles (embedded, original)", NAME, [], "exact", ok=not differ,
                  note="differ: " + ", ".join(differ) if differ else
-                 f"embedded {programs.legacy_cifar.EMBEDDED_PROFILE}, original {programs.legacy_cifar.ORIGINAL_PROFILE}")
+                 f"embedded {programs.legacy_cifar.EMBEDDED_PROFILE}, "
+                 f"original {programs.legacy_cifar.ORIGINAL_PROFILE}")
 
 
 PAIR = Pair(

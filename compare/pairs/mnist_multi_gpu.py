@@ -59,7 +59,7 @@ class Data:
 
 
 class Legacy:
-    tower_flag = "--num_gpus"
+    tower_flag = "--towers"
 
     def parse_args(self, argv):
         return programs.legacy_mnist.parse_args(argv)
@@ -117,7 +117,7 @@ class Legacy:
 
 
 class Modern:
-    replica_flag = "--num_replicas"
+    replica_flag = "--towers"
 
     def parse_args(self, argv):
         return programs.modern_mnist.parse_args(argv)
@@ -130,7 +130,8 @@ class Modern:
         program = programs.modern_mnist
         n = strategy.num_replicas_in_sync
         model = program.build_model(flags.regularization_rate)
-        optimizer = program.make_optimizer(flags.learning_rate_base, 60000 / flags.batch_size, flags.learning_rate_decay)
+        optimizer = program.make_optimizer(flags.learning_rate_base, 60000 / flags.batch_size,
+                                           flags.learning_rate_decay)
         optimizer.build(model.trainable_variables)
         ema, shadows = program.make_moving_average(model, optimizer, flags.moving_average_decay)
         same = flags.same_batch_per_replica
@@ -186,7 +187,7 @@ PAIR = Pair(
                 "data_path": "which file the program reads (the harness gives both programs the same file)",
                 "seed": "seeds the programs' random generators (the harness sets both programs' rows and state)"},
     flag_values=(("--batch_size", "37", "--learning_rate_base", "0.2", "--learning_rate_decay", "0.5",
-                  "--regularization_rate", "0.01", "--training_steps", "7", "--moving_average_decay", "0.9"),),
+                  "--regularization_rate", "0.01", "--max_steps", "7", "--moving_average_decay", "0.9"),),
     description="legacy/mnist_multi_gpu.py (the book's towers) vs modern/mnist_multi_gpu.py",
     module=__name__,
 )

@@ -57,7 +57,8 @@ class Legacy:
         return legacy_towers.session_config(towers)
 
     def input_pipeline(self, flags, towers, files):
-        return LegacyPipeline(train=legacy_program.tower_inputs([files["train"]], flags.batch_size, towers, flags.distort))
+        return LegacyPipeline(train=legacy_program.tower_inputs([files["train"]], flags.batch_size, towers,
+                                                                flags.distort))
 
     def build(self, flags, towers, files):
         with tf1.device("/cpu:0"):  # as the program's train()
@@ -87,7 +88,8 @@ class Legacy:
 
     def evaluate(self, flags, checkpoint_path, files):
         num = cifar10_input.count_records([files["eval"]])
-        return {"precision@1": legacy_program.evaluate_checkpoint(checkpoint_path, [files["eval"]], flags.batch_size, num)}
+        return {"precision@1": legacy_program.evaluate_checkpoint(checkpoint_path, [files["eval"]], flags.batch_size,
+                                                                  num)}
 
 
 class Modern:

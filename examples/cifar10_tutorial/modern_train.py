@@ -81,7 +81,8 @@ def build_model():
 
     def conv(name, bias):
         return keras.layers.Conv2D(64, 5, padding="same", activation="relu", name=name,
-                                   kernel_initializer=normal(stddev=5e-2), bias_initializer=keras.initializers.Constant(bias))
+                                   kernel_initializer=normal(stddev=5e-2),
+                                   bias_initializer=keras.initializers.Constant(bias))
 
     def dense(units, name, stddev, wd, bias, activation="relu"):
         return keras.layers.Dense(units, activation=activation, name=name, kernel_initializer=normal(stddev=stddev),
@@ -91,8 +92,10 @@ def build_model():
     size = cifar10_input.IMAGE_SIZE
     return keras.Sequential([
         keras.Input((size, size, 3)),
-        conv("conv1", 0.0), keras.layers.MaxPooling2D(3, 2, padding="same", name="pool1"), LocalResponseNorm(name="norm1"),
-        conv("conv2", 0.1), LocalResponseNorm(name="norm2"), keras.layers.MaxPooling2D(3, 2, padding="same", name="pool2"),
+        conv("conv1", 0.0), keras.layers.MaxPooling2D(3, 2, padding="same", name="pool1"),
+        LocalResponseNorm(name="norm1"),
+        conv("conv2", 0.1), LocalResponseNorm(name="norm2"),
+        keras.layers.MaxPooling2D(3, 2, padding="same", name="pool2"),
         keras.layers.Flatten(),
         dense(384, "local3", 0.04, 0.004, 0.1), dense(192, "local4", 0.04, 0.004, 0.1),
         dense(cifar10_input.NUM_CLASSES, "softmax_linear", 1 / 192.0, 0.0, 0.0, activation=None)], name="cifar10")
