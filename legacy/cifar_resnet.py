@@ -6,9 +6,9 @@ Run it (from the repository root)::
     python -m records.cifar10 --src cifar-10-batches-py --out data/cifar10
     python legacy/cifar_resnet.py --data_dir data/cifar10          # real CIFAR-10, the original's settings
     python legacy/cifar_resnet.py --data_dir data/cifar10 --pretrained resnet_v2_50.ckpt
-    python legacy/cifar_resnet.py --split=static                   # watch the seed's NaN bug
+    python legacy/cifar_resnet.py --split=static                   # watch the original's NaN bug
 
-What it reproduces: the training-with-validation program of `shared/seeds/000_a2968b8fe060e3c0.txt`
+What it reproduces: the training-with-validation program of the blog post on NaN losses in multi-GPU training
 ("tensorflow multi-GPU training gives loss nan"): slim `resnet_v2_50(num_classes=None)` under
 `resnet_arg_scope`, a `Logits` head (squeeze, dropout, `fc`), one tower per GPU slicing the fed batch
 as `inputs[i*current_batch_size:(i+1)*current_batch_size]`, variables shared by `reuse_variables`,
@@ -203,7 +203,7 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     Call inside `with tf.Graph().as_default():`.  `split` decides how the fed batch reaches the
     towers (see `legacy/towers.py`): 'fix' is the original graph (`current_batch_size` a placeholder
     fed with rows // num_towers); 'static' makes `current_batch_size` the constant
-    `static_batch_size` (the seed's bug); 'weighted' (Port) slices with per-tower start/size
+    `static_batch_size` (the original's bug); 'weighted' (Port) slices with per-tower start/size
     placeholders and weights each tower's gradient by its share of the rows.
     `devices`: one device string per tower (default `towers.tower_devices(num_towers)`).
 
@@ -219,7 +219,7 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     if split not in towers.SPLITS:
         raise towers.SplitError(f"unknown split {split!r}: choose one of {', '.join(towers.SPLITS)}")
     if split == "static" and not static_batch_size:
-        raise towers.SplitError("split 'static' needs static_batch_size (the seed used batch_size / 2)")
+        raise towers.SplitError("split 'static' needs static_batch_size (the original used batch_size / 2)")
     devices = devices or towers.tower_devices(num_towers)
     g = types.SimpleNamespace(num_towers=num_towers, split=split, static_batch_size=static_batch_size,
                               devices=devices, tower_logits=[], tower_losses=[], pre_dropout=[],
@@ -304,7 +304,7 @@ def placeholders(g, split, static_batch_size, num_towers, image_size, num_classe
     keep_prob = tf.placeholder(tf.float32, name="keep_prob")
     is_training = tf.placeholder(tf.bool, name="is_training")
     if split == "static":
-        # The seed's bug: the per-tower size is a constant (batch_size / 2), wrong on the short last batch.
+        # The original's bug: the per-tower size is a constant (batch_size / 2), wrong on the short last batch.
         current_batch_size = tf.constant(static_batch_size, tf.int32, name="current_batch_size")
     else:
         current_batch_size = tf.placeholder(tf.int32, name="current_batch_size")
@@ -471,7 +471,7 @@ def describe_split(step, cut, split, static_batch_size=None, what="train"):
     if split == "static" and (cut.empty or cut.dropped or len(set(cut.sizes)) > 1):
         return (f"{prefix}: --split=static gives towers {cut.sizes} rows (constant current_batch_size "
                 f"{static_batch_size}), {cut.dropped} dropped"
-                + (f"; towers {cut.empty} EMPTY: the seed's bug, expect loss NaN" if cut.empty else ""))
+                + (f"; towers {cut.empty} EMPTY: the original's bug, expect loss NaN" if cut.empty else ""))
     if cut.dropped:
         return (f"{prefix}: current_batch_size = {cut.rows} // {len(cut.sizes)} = {cut.sizes[0]}, "
                 f"{cut.dropped} row{'s' if cut.dropped > 1 else ''} dropped (the original's split)")
@@ -484,7 +484,7 @@ ONEDNN_NOTE = ("this CPU build's oneDNN Conv2D mishandles an empty batch (it ret
 
 
 def run_batch(sess, fetches, feed, cut, step):
-    """sess.run, except that the seed's empty-tower failure under --split=static is reported, not raised.
+    """sess.run, except that the original's empty-tower failure under --split=static is reported, not raised.
 
     Returns the fetched values, or None when the step could not run because of an empty tower.
     """
@@ -506,7 +506,7 @@ def check_finite(tower_losses, step, split, cut):
     if not bad:
         return
     if split == "static":
-        log(f"step {step}: loss NaN on towers {bad} (rows per tower {cut.sizes}): the expected NaN of the seed's "
+        log(f"step {step}: loss NaN on towers {bad} (rows per tower {cut.sizes}): the expected NaN of the original's "
             f"bug (--split=static), reported, not an error; training continues as the original did")
         return
     raise UsageError(f"the loss turned {tower_losses[bad[0]]} at step {step} on tower{'s' if len(bad) > 1 else ''} "

@@ -1,6 +1,6 @@
 """Accuracy of the moving-average weights that `legacy/mnist_multi_gpu.py` saved: the book's `mnist_eval`.
 
-The seed (`shared/seeds/002_aa2519352e58d18e.txt`) trains and keeps an
+The original (the book's MNIST multi-GPU example) trains and keeps an
 `ExponentialMovingAverage` of the weights but never evaluates; its book pairs it with this program
 (section 5.5's `mnist_eval.py`): build the forward pass with no regulariser, restore each variable
 from its moving-average *shadow* (`variable_averages.variables_to_restore()`), and report the

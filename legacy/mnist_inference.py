@@ -1,6 +1,6 @@
 """The book's `mnist_inference` module: the 784-500-10 network the MNIST multi-GPU example imports.
 
-The seed (`shared/seeds/002_aa2519352e58d18e.txt`) does `import mnist_inference` and calls
+The original (the book's MNIST multi-GPU example) does `import mnist_inference` and calls
 `mnist_inference.inference(x, regularizer)`; this is that module (the book's section 5.5), under
 `tf.compat.v1`.  Two details matter to the trainer:
 

@@ -1,6 +1,6 @@
 """The classic TF1 MNIST multi-GPU trainer, ported faithfully to `tf.compat.v1` on TensorFlow 2.21.
 
-Reproduces `shared/seeds/002_aa2519352e58d18e.txt` (`mnist_multi_gpu_train.py` from the book
+Reproduces the book's MNIST multi-GPU example (`mnist_multi_gpu_train.py` from the book
 "TensorFlow: 实战Google深度学习框架", chapter 10): N towers share one 784-500-10 network
 (`legacy/mnist_inference.py`), each computes its loss and gradients, the gradients are averaged on
 the CPU and applied once, and a moving average of the weights is kept for evaluation.

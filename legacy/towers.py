@@ -62,12 +62,12 @@ def average_gradients(tower_grads):
 
 
 # ---------------------------------------------------------------------------------------------
-# How a batch is split across towers (the seed's `current_batch_size` story)
+# How a batch is split across towers (the original's `current_batch_size` story)
 # ---------------------------------------------------------------------------------------------
 # Tower i trains on rows [starts[i], starts[i] + sizes[i]) of the fed batch.
-#   'fix'      the seed's fix: current_batch_size = rows // N, fed per batch.  Remainder rows are
+#   'fix'      the original's fix: current_batch_size = rows // N, fed per batch.  Remainder rows are
 #              dropped; with fewer rows than towers every tower is empty.
-#   'static'   the seed's bug: a constant current_batch_size = batch_size // N.  On a short last
+#   'static'   the original's bug: a constant current_batch_size = batch_size // N.  On a short last
 #              batch the later towers get a short or EMPTY slice; an empty tower's mean loss is 0/0.
 #   'weighted' a deviation that loses nothing: sizes differ by at most one row (the remainder goes
 #              to the first towers) and tower i's gradient is weighted by sizes[i] / rows, so
@@ -103,7 +103,7 @@ class TowerSplit:
 def split_rows(rows, num_towers, mode="fix", static_batch_size=None):
     """Which rows of a batch of `rows` each of `num_towers` towers gets, under split `mode`.
 
-    `static_batch_size` is the constant per-tower size of mode 'static' (the seed's batch_size / 2).
+    `static_batch_size` is the constant per-tower size of mode 'static' (the original's batch_size / 2).
     """
     n = num_towers
     if mode == "fix":

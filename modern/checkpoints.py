@@ -35,9 +35,9 @@ like slim's `weights`, Dense's kernel is [in, out] like slim's fully_connected):
 
 Loading checks every name and every shape. Entries of a TF1 checkpoint that are training
 bookkeeping, not model weights, are skipped (and listed in the report): optimizer slots such as
-`<var>/Adam`, `<var>/Adam_1`; the counters `global_step`, `Variable` (the legacy seed's unnamed
+`<var>/Adam`, `<var>/Adam_1`; the counters `global_step`, `Variable` (the original's unnamed
 global step), `beta1_power`, `beta2_power`; and `resnet_v2_50/logits/*`, the 1x1-conv ImageNet
-head of slim's published checkpoint that the seed's `resnet_v2_50(num_classes=None)` never builds
+head of slim's published checkpoint that the original's `resnet_v2_50(num_classes=None)` never builds
 (the legacy `Saver(var_list=...)` restore skips it the same way). Anything else that does not
 match is an error listing the names.
 """
@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from records.usage import ArgumentParser, at_least
 
-# Scalars a TF1 training run adds next to the model: the step counter (the seed creates it as an
+# Scalars a TF1 training run adds next to the model: the step counter (the original creates it as an
 # unnamed `tf.Variable(0)`, hence 'Variable') and Adam's running powers of beta1/beta2.
 TRAINING_COUNTERS = ("global_step", "Variable", "beta1_power", "beta2_power")
 # The ImageNet classifier of slim's released resnet_v2_50.ckpt (slim's `logits` 1x1 conv).
@@ -81,7 +81,7 @@ class LoadReport:
 
 
 def _in_scope(name, scopes):
-    """slim's exclusion test in the seed: `var.op.name.startswith(exclusion)`."""
+    """slim's exclusion test in the original: `var.op.name.startswith(exclusion)`."""
     return any(name.startswith(scope) for scope in scopes)
 
 
@@ -157,7 +157,7 @@ def load_tf1_checkpoint(model, path, exclude_scopes=()):
     Args:
       model: a built `ResNetV2_50`.
       path: TF1 checkpoint prefix (`.../model.ckpt-100`) or a directory with a `checkpoint` file.
-      exclude_scopes: name prefixes left untouched on both sides, like the seed's
+      exclude_scopes: name prefixes left untouched on both sides, like the original's
         `checkpoint_exclude_scopes` ('Logits' keeps the freshly initialised head).
 
     Returns:
@@ -267,7 +267,7 @@ def main(argv=None):
     to_modern.add_argument("tf1_checkpoint", help="TF1 checkpoint prefix (the legacy trainer's, or slim-named)")
     to_modern.add_argument("modern_dir", help="directory for a CheckpointManager checkpoint")
     to_modern.add_argument("--exclude_scopes", default="",
-                           help="comma-separated scopes left untouched, e.g. 'Logits' (as the seed) "
+                           help="comma-separated scopes left untouched, e.g. 'Logits' (as the original) "
                                 "(default: none)")
     to_modern.add_argument("--report", action="store_true",
                            help="list excluded variables and ignored checkpoint entries")

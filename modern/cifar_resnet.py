@@ -1,6 +1,6 @@
 """The two-tower CIFAR-10 ResNet-v2-50 trainer in today's TensorFlow: Keras 3, MirroredStrategy, tf.function.
 
-The modern twin of `legacy/cifar_resnet.py`, which reproduces `shared/seeds/000_a2968b8fe060e3c0.txt`
+The modern twin of `legacy/cifar_resnet.py`, which reproduces the blog post's CIFAR-10 ResNet-v2-50 program
 ("tensorflow multi-GPU training gives loss nan").  Run it (from the repository root)::
 
     python modern/cifar_resnet.py                                  # embedded synthetic data, minutes on 2 CPUs

@@ -394,8 +394,8 @@ class PeerLostError(UsageError):
 # What a collective raises when a peer is gone: UnavailableError (connection reset, or the
 # coordination service's heartbeat timeout), DeadlineExceededError, AbortedError/CancelledError
 # (collectives aborted after another worker's failure).  After a SIGKILL of worker 1 mid-run,
-# worker 0's next train step raises UnavailableError "Collective ops is aborted by: recvmsg:
-# Connection reset by peer ... remote target /job:worker/replica:0/task:1" within a second.
+# worker 0's next train step raises UnavailableError "Collective ops is aborted by: ..." naming
+# the reset connection or the tasks that stopped sending heartbeats.
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
                tf.errors.CancelledError)
 

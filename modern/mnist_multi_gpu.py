@@ -1,6 +1,6 @@
 """The MNIST multi-GPU trainer in today's TensorFlow: Keras 3, MirroredStrategy, tf.function.
 
-The modern twin of `legacy/mnist_multi_gpu.py`, which reproduces `shared/seeds/002_aa2519352e58d18e.txt`
+The modern twin of `legacy/mnist_multi_gpu.py`, which reproduces the book's MNIST multi-GPU example
 (the book's chapter-10 `mnist_multi_gpu_train.py`): the same 784-500-10 network, l2 regulariser,
 learning-rate decay, gradient descent and moving average of the weights, with the towers replaced by
 the replicas of a `tf.distribute.MirroredStrategy`.  Run it (from the repository root):

@@ -41,7 +41,7 @@ What is the same: 7x7/2 conv1 with biases and no batch norm; strided 3x3 convs p
 explicitly and symmetrically (`conv2d_same`); stride in the last unit of blocks 1-3.
 
 Regularisation: like `resnet_arg_scope(weight_decay=1e-4)`, every conv kernel (not the biases, not
-batch norm, not the `Logits/fc` layer, which the seed builds outside the arg scope) carries
+batch norm, not the `Logits/fc` layer, which the original builds outside the arg scope) carries
 slim's `l2_regularizer(1e-4)`, i.e. 1e-4 * sum(w**2) / 2 (tf.nn.l2_loss has the factor 1/2), which
 is Keras' `L2(5e-5)`. The losses are exposed in `model.losses`, but the legacy program never adds
 `tf.GraphKeys.REGULARIZATION_LOSSES` to its loss, so a faithful trainer must NOT add `model.losses`
@@ -274,7 +274,7 @@ class ResNetV2_50(keras.Model):
         self.blocks = tuple(blocks)
         # The pre-activation units leave their sum un-normalised, so slim adds a final BN + relu.
         self.postnorm = batch_norm("postnorm")
-        # The Logits head, built outside resnet_arg_scope in the seed: Xavier-uniform weights
+        # The Logits head, built outside resnet_arg_scope in the original: Xavier-uniform weights
         # (Keras' glorot_uniform), zero biases, no regulariser.
         self.dropout = ReplicaDropout(1.0 - keep_prob, name="Logits_scope")
         self.fc = keras.layers.Dense(num_classes, name="Logits_fc")

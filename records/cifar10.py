@@ -3,8 +3,8 @@
 Shared by `legacy/cifar_resnet.py` (TF1 graph, `tf.compat.v1`) and `modern/cifar_resnet.py` (TF2 eager
 and `tf.function`), so everything here uses `tf.io` / `tf.image` ops that work in both.
 
-The record format is the one the original's `utils.parse_functions.parser_tfrecords` reads (the seed,
-`shared/seeds/000_a2968b8fe060e3c0.txt`, imports it without showing it)::
+The record format is the one the original's `utils.parse_functions.parser_tfrecords` reads (the original
+imports it without showing it)::
 
     'image_raw': bytes, the uint8 image in HWC order (32 x 32 x 3 = 3072 bytes)
     'label':     int64, the class index 0..9
@@ -39,7 +39,7 @@ TEST_FILE = "test.tfrecords"
 
 # The embedded default data set (see `make_synthetic`) and the run sized for it, used by both
 # trainers when no data is given.  997 = 62 * 16 + 5: with batch 16 every epoch ends on a short
-# batch of 5 rows, which shows both stories of the seed on 2 towers, as its own 50000 rows and batch
+# batch of 5 rows, which shows both stories of the original on 2 towers, as its own 50000 rows and batch
 # 256 do (a last batch of 80: towers [40, 40] with the fix, [80, 0] under the bug):
 #   the fix, current_batch_size = 5 // 2 = 2: towers [2, 2], one row dropped (an odd remainder);
 #   --split=static, a constant 16 // 2 = 8: towers [5, 0], tower 1 EMPTY (a remainder below 8).

@@ -1,6 +1,6 @@
 """MNIST as the original program reads it: one TFRecord of `image_raw`/`pixels`/`label` examples.
 
-The format is the one the seed (`shared/seeds/002_aa2519352e58d18e.txt`) parses, written by its
+The format is the one the original (the book's MNIST multi-GPU example) parses, written by its
 book's chapter-7 converter: per example
 
     image_raw  bytes  784 uint8 pixels, row-major 28x28 (`ndarray.tobytes()`)

@@ -1,6 +1,6 @@
 """TF1 checkpoint <-> modern model conversion (modern/checkpoints.py): names, shapes, exactness.
 
-The TF1 checkpoint is written by the seed's graph *with its training bookkeeping* (Adam slots, the
+The TF1 checkpoint is written by the original's graph *with its training bookkeeping* (Adam slots, the
 unnamed global step `Variable`, beta1_power/beta2_power), as the legacy trainer's Saver writes it.
 """
 import numpy as np

@@ -82,7 +82,7 @@ def test_harness_passes_on_the_real_programs(built):
     assert failed(results) == []
     assert {name for name, r in checks.items() if r.status == "EXPECTED"} == {
         "validation (validate)", "split: remainder dropped", "split: fewer rows than towers",
-        "split: --split=static (seed bug)", "bn moving statistics", "bn moving statistics (trained state)",
+        "split: --split=static (the original's bug)", "bn moving statistics", "bn moving statistics (trained state)",
         "legacy on TF1's runtime: bn moving statistics"}
     assert {name for name, r in checks.items() if r.status == "NOT APPLICABLE"} == {
         "moving averages", "evaluation (one checkpoint)"}

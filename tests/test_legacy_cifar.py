@@ -337,9 +337,9 @@ def test_embedded_run_drops_one_row_of_the_short_last_batch_and_saves_the_best_m
 
 
 def test_embedded_static_split_empties_tower_1_on_the_short_last_batch(small_embedded_set, capsys):
-    """`python legacy/cifar_resnet.py --split=static`: the README's demo of the seed's bug, in-process.
+    """`python legacy/cifar_resnet.py --split=static`: the README's demo of the original's bug, in-process.
 
-    Tower 1 gets no row of the 5-row batch; on this CPU build oneDNN raises instead of the seed's
+    Tower 1 gets no row of the 5-row batch; on this CPU build oneDNN raises instead of the original's
     NaN (both are reported, the step is not applied, and training goes on); on GPUs it is NaN.
     """
     code = cifar_resnet.main(["--split", "static", "--max_steps", "2", "--valid_every", "100",
@@ -348,7 +348,7 @@ def test_embedded_static_split_empties_tower_1_on_the_short_last_batch(small_emb
     assert code == 0, out[-2000:] + err[-2000:]
     assert EMBEDDED_LOG in out
     assert ("step 2 (train): batch of 5 rows over 2 towers: --split=static gives towers [5, 0] rows (constant "
-            "current_batch_size 8), 0 dropped; towers [1] EMPTY: the seed's bug, expect loss NaN") in out
+            "current_batch_size 8), 0 dropped; towers [1] EMPTY: the original's bug, expect loss NaN") in out
     onednn = "step 2: towers [1] got no rows: this CPU build's oneDNN Conv2D mishandles an empty batch" in out
     nan = "step 2: loss NaN on towers [1]" in out and "Loss: nan" in out
     assert onednn != nan, out[-2000:]
@@ -366,7 +366,7 @@ def test_data_dir_means_the_originals_defaults(tmp_path, capsys):
 
 
 def test_static_split_run_reports_the_expected_nan(tmp_path, monkeypatch):
-    # Eigen kernels (oneDNN off) behave as the GPUs of the seed: the empty tower's loss is NaN.
+    # Eigen kernels (oneDNN off) behave as the original's GPUs: the empty tower's loss is NaN.
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     cifar10.make_synthetic(str(tmp_path / "data"), num_train=11, num_valid=4, seed=6)
     result = run_program(["legacy/cifar_resnet.py", "--data_dir", tmp_path / "data", "--split", "static",

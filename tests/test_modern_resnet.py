@@ -1,6 +1,6 @@
 """The Keras ResNet-v2-50 (modern/resnet_v2.py) is slim's resnet_v2_50 + Logits head, number for number.
 
-Reference: the legacy network exactly as the seed builds it (resnet_arg_scope, resnet_v2_50 with
+Reference: the legacy network exactly as the original builds it (resnet_arg_scope, resnet_v2_50 with
 num_classes=None, then Logits: squeeze, slim.dropout, slim.fully_connected), in a TF1 graph with
 randomised variables (batch-norm moving statistics included), saved by a TF1 Saver and loaded into
 the Keras model with modern/checkpoints.py.
@@ -43,9 +43,9 @@ def relative_error(actual, expected):
 
 
 def build_slim_reference(checkpoint_path, with_optimizer=False, seed=0):
-    """The seed's network in a TF1 graph, randomised and saved at `checkpoint_path`.
+    """The original's network in a TF1 graph, randomised and saved at `checkpoint_path`.
 
-    With `with_optimizer`, also the seed's training bookkeeping: an unnamed global step
+    With `with_optimizer`, also the original's training bookkeeping: an unnamed global step
     (`Variable`) and Adam (slots `<var>/Adam`, `<var>/Adam_1`, `beta1_power`, `beta2_power`).
     """
     graph = tf.Graph()
@@ -63,7 +63,7 @@ def build_slim_reference(checkpoint_path, with_optimizer=False, seed=0):
                                           scope="fc")
         update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
         if with_optimizer:
-            # The seed's `global_step = tf.Variable(0, trainable=False)` and Adam's variables.
+            # The original's `global_step = tf.Variable(0, trainable=False)` and Adam's variables.
             # apply_gradients with zero gradients creates exactly the slots minimize() would,
             # without the (slow to build) backward graph.
             global_step = tf.Variable(0, trainable=False)

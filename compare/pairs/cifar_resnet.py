@@ -12,7 +12,7 @@ Both sides are built by the programs' own functions (`compare.programs` names th
 
 Pairings: the original's split ('fix') with everything; --split=weighted (the port that loses no
 rows, whose towers can be fed any rows at any weight) for the split checks.  This pair's own checks
-(`extra_checks`): both programs' validation passes, whose known difference is predicted; the seed's
+(`extra_checks`): both programs' validation passes, whose known difference is predicted; the original's
 bug under --split=static; the embedded and original size profiles.
 """
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Modern:
 # This pair's own checks
 
 def extra_checks(sides, settings, log):
-    log("cifar: validation, the seed's static split, the size profiles")
+    log("cifar: validation, the original's static split, the size profiles")
     return [check_validation(sides), check_static_bug(sides), check_profiles(sides)]
 
 
@@ -246,10 +246,10 @@ def check_validation(sides):
 
 
 def check_static_bug(sides):
-    """The seed's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty."""
+    """The original's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty."""
     n, b = sides.towers, sides.pair.rows_per_tower
     if n == 1:
-        return judge("split: --split=static (seed bug)", NAME, [], "exact", ok=True,
+        return judge("split: --split=static (the original's bug)", NAME, [], "exact", ok=True,
                      note="one tower: the constant split is the whole batch")
     legacy = sides.legacy
     batch = sides.batch(b, seed=9)
@@ -268,7 +268,7 @@ def check_static_bug(sides):
     predicted = [i for i in range(n) if i * b >= b]
     sides.set_both(sides.start)
     step = sides.modern.step(batch, before=sides.start)
-    return judge("split: --split=static (seed bug)", NAME, [], "exact", expected=True,
+    return judge("split: --split=static (the original's bug)", NAME, [], "exact", expected=True,
                  ok=failed == predicted and finite(step["loss"], step["gradients"]),
                  note=f"{b} rows, constant {b} per tower: legacy towers {failed} failed ({', '.join(sorted(how))}), "
                       f"predicted {predicted} (i * {b} >= {b}); "

@@ -7,7 +7,7 @@ Run it (from the repository root)::
     python examples/cifar10_tutorial/cifar10_multi_gpu_train.py --eval           # precision of the averages
 
 Written here in the manner of the classic tensorflow/models `tutorials/image/cifar10/
-cifar10_multi_gpu_train.py` (another style than this repository's two seed programs): one tower per
+cifar10_multi_gpu_train.py` (another style than this repository's two programs): one tower per
 GPU under the name scope `tower_i`, each dequeuing its own batch from one input stream, computing
 `tower_loss` (the cross-entropy and its own copy of the weight decay from the 'losses' collection,
 filtered by its scope), with moving averages of the last tower's losses; the gradients averaged on
