@@ -40,10 +40,13 @@ def run_program(args, cwd=None, timeout=600):
 # the two processes end close together; xdist's own order (most tests first) would hand out the
 # one-test compare/run.py module last.  Any other module follows, in file order.
 SLOWEST_FIRST = ("test_compare_cifar",   # the in-process harness and its planted defects
+                 "test_readme",          # every README command, one process each
                  "test_legacy_cifar",    # two two-tower graphs, three program runs
                  "test_multiworker",     # five 2-worker clusters
                  "test_compare_towers",  # compare/run.py at 1 and 3 towers
-                 "test_compare_mnist")
+                 "test_compare_mnist",
+                 "test_example_tutorial",
+                 "test_slim_compat")     # a subset of tf-slim's own tests
 
 
 def pytest_configure(config):

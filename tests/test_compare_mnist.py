@@ -136,8 +136,8 @@ def test_command_line_writes_table_report_and_plot(tmp_path):
     from conftest import run_program
     import json
     report, plot = tmp_path / "parity.json", tmp_path / "parity.png"
-    done = run_program(["compare/run.py", "--model", "mnist", "--towers", "3", "--steps", "2", "--free_steps", "2",
-                        "--report", report, "--plot", plot])
+    done = run_program(["compare/run.py", "--model", "mnist", "--towers", "3", "--quick", "--report", report,
+                        "--plot", plot])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 FAIL" in done.stdout and "Tolerances" in done.stdout and "derived" in done.stdout
     data = json.loads(report.read_text())
