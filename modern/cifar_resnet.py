@@ -104,23 +104,11 @@ def parse_args(argv=None):
                    metavar="N",
                    help="replicas, the towers of the original (one per GPU; logical GPUs when there are "
                         "fewer GPUs, virtual CPU devices without any)")
-    p.add_argument("--batch_size", type=at_least(1), default=None,
-                   help=f"global batch, split across replicas (default: the original's {batch_size}; "
-                        f"{EMBEDDED_PROFILE['batch_size']} on the embedded data)")
-    p.add_argument("--valid_batch_size", type=at_least(1), default=None,
-                   help=f"rows per validation step (default: the original's {valid_batch_size}; "
-                        f"{EMBEDDED_PROFILE['valid_batch_size']} on the embedded data)")
-    p.add_argument("--epochs", type=at_least(1), default=None,
-                   help=f"passes over the training set (default: the original's {NUM_EPOCHS}; "
-                        f"{EMBEDDED_PROFILE['epochs']} on the embedded data)")
+    cifar10.add_profile_flags(p, ORIGINAL_PROFILE, "global batch, split across replicas")
     p.add_argument("--max_steps", type=at_least(1), default=None,
                    help="stop after this many steps in all, across resumes (default: no limit, the "
                         "epochs decide)")
-    p.add_argument("--shuffle_buffer", type=at_least(1), default=shuffle_buffer, help="rows in the shuffle buffer")
-    p.add_argument("--boundaries", type=at_least(1), nargs="+", default=boundaries,
-                   help="steps where the piecewise-constant learning rate changes")
-    p.add_argument("--values", type=float, nargs="+", default=values,
-                   help="learning rates, one more than --boundaries")
+    cifar10.add_schedule_flags(p, shuffle_buffer, boundaries, values)
     p.add_argument("--keep_prob", type=fraction(low_open=True), default=keep_prob_train,
                    help="dropout keep probability in training (Keras Dropout rate = 1 - keep_prob)")
     p.add_argument("--augment", action="store_true",

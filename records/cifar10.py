@@ -250,6 +250,31 @@ def resolve_files(data_dir, train_files, test_files, embedded_dir):
             test_files or [os.path.join(data_dir, TEST_FILE)], False)
 
 
+def add_profile_flags(parser, original, batch_help):
+    """Both CIFAR trainers' --batch_size, --valid_batch_size and --epochs, left None when not given:
+    `fill_profile` then sets them from the embedded profile or from `original`, the original's."""
+    parser.add_argument("--batch_size", type=at_least(1), default=None,
+                        help=f"{batch_help} (default: the original's {original['batch_size']}; "
+                             f"{EMBEDDED_PROFILE['batch_size']} on the embedded data)")
+    parser.add_argument("--valid_batch_size", type=at_least(1), default=None,
+                        help=f"rows per validation step (default: the original's {original['valid_batch_size']}; "
+                             f"{EMBEDDED_PROFILE['valid_batch_size']} on the embedded data)")
+    parser.add_argument("--epochs", type=at_least(1), default=None,
+                        help=f"passes over the training set (default: the original's {original['epochs']}; "
+                             f"{EMBEDDED_PROFILE['epochs']} on the embedded data)")
+
+
+def add_schedule_flags(parser, shuffle_buffer, boundaries, values):
+    """Both CIFAR trainers' --shuffle_buffer, --boundaries and --values, with the original's values
+    (each program's own constants) as defaults."""
+    parser.add_argument("--shuffle_buffer", type=at_least(1), default=shuffle_buffer,
+                        help="rows in the shuffle buffer")
+    parser.add_argument("--boundaries", type=at_least(1), nargs="+", default=boundaries,
+                        help="steps where the piecewise-constant learning rate changes")
+    parser.add_argument("--values", type=float, nargs="+", default=values,
+                        help="learning rates, one more than --boundaries")
+
+
 def fill_profile(args, profile, original):
     """Give each size flag of `profile` left unset (None) in `args` the profile's value; return
     "key value (original x)" for each value so set that differs from `original`."""
