@@ -61,7 +61,7 @@ def test_l2_without_its_half_fails_the_gradients(tmp_path, monkeypatch):
     real = modern_mnist.build_model
     # keras.regularizers.L2(rate) alone: twice the legacy scale * sum(w**2) / 2
     monkeypatch.setattr(modern_mnist, "build_model", lambda rate=0.0001: real(2 * rate))
-    results = run_harness(tmp_path)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("training", "steps")))
     assert "deviation: gradients (read out of the train step)" in failed(results)
     assert results["deviation: lr schedule"].status == "PASS"
 
@@ -74,7 +74,7 @@ def test_legacy_l2_rate_doubled_fails_the_training_checks(tmp_path, monkeypatch)
     from legacy import mnist_inference
     real = mnist_inference.l2_regularizer
     monkeypatch.setattr(mnist_inference, "l2_regularizer", lambda scale: real(2 * scale))
-    results = run_harness(tmp_path)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("basics", "training", "steps", "free")))
     for label in ("original", "deviation"):
         assert {f"{label}: {STEPS} free-running steps (chaos floor)",
                 f"{label}: gradients (read out of the train step)"} <= set(failed(results))
@@ -98,7 +98,7 @@ def test_moving_average_decay_of_the_wrong_flag_fails_past_the_warm_up(tmp_path,
     real = modern_mnist.make_moving_average
     monkeypatch.setattr(modern_mnist, "make_moving_average",
                         lambda model, optimizer, decay=0.99: real(model, optimizer, 0.999))
-    results = run_harness(tmp_path)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("averages",)))
     assert "deviation: moving averages" in failed(results)
     tolerance = results["deviation: moving averages"].tolerance.rel_l2
     step_errors = {}
@@ -118,7 +118,7 @@ def test_gradients_scaled_by_1_001_fail_the_gradient_check(tmp_path, monkeypatch
         return loss + 0.001 * (loss - tf.stop_gradient(loss))  # same value, gradient x 1.001
 
     monkeypatch.setattr(modern_mnist, "compute_replica_loss", scaled)
-    results = run_harness(tmp_path)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("training",)))
     gradients = results["deviation: gradients (read out of the train step)"]
     assert gradients.status == "FAIL" and 5e-4 < gradients.worst.rel_l2 < 2e-3  # the 1.001 itself
     assert results["deviation: forward (training, same dropout masks)"].status == "PASS"
@@ -128,7 +128,7 @@ def test_learning_rate_decay_period_off_by_one_fails_the_lr_check(tmp_path, monk
     real = modern_mnist.make_optimizer
     monkeypatch.setattr(modern_mnist, "make_optimizer",
                         lambda base, decay_steps, decay: real(base, decay_steps + 1, decay))
-    results = run_harness(tmp_path)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("steps",)))
     assert {"original: lr schedule", "deviation: lr schedule"} <= set(failed(results))
 
 
@@ -136,8 +136,8 @@ def test_command_line_writes_table_report_and_plot(tmp_path):
     from conftest import run_program
     import json
     report, plot = tmp_path / "parity.json", tmp_path / "parity.png"
-    done = run_program(["compare/run.py", "--model", "mnist", "--towers", "3", "--quick", "--report", report,
-                        "--plot", plot])
+    done = run_program(["compare/run.py", "--model", "mnist", "--towers", "3", "--quick",
+                        "--only", "basics,forward,splits", "--report", report, "--plot", plot])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 FAIL" in done.stdout and "Tolerances" in done.stdout and "derived" in done.stdout
     data = json.loads(report.read_text())
