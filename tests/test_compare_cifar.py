@@ -259,6 +259,19 @@ def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(sides,
     assert "conv1/BatchNorm/moving" in results["bn moving statistics"].worst.name
 
 
+def test_towers_and_replicas_cut_alike_only_when_they_see_the_same_rows():
+    """What decides whether 'fewer rows than towers' compares legacy and modern directly: with batch
+    norm each tower normalises over its own rows, so a direct comparison needs the same cut."""
+    from compare.checks.splits import same_cut
+    # 2 rows on 3: the weighted split gives the towers one row each (the third a weightless copy),
+    # the modern program gives every replica both rows.
+    assert not same_cut([[0], [1], [1]], [0.5, 0.5, 0.0], [([0, 1], 1 / 3)] * 3)
+    # 1 row on 2: both towers and both replicas that row.
+    assert same_cut([[0], [0]], [0.5, 0.5], [([0], 0.5), ([0], 0.5)])
+    # The same slices in another order, a weightless tower ignored.
+    assert same_cut([[2], [1, 0], [0]], [1 / 3, 2 / 3, 0.0], [([0, 1], 2 / 3), ([2], 1 / 3)])
+
+
 def test_replica_slices_of_floor_size_fail_the_split_checks(sides, monkeypatch):
     """The input path the program runs (`modern.cluster.distribute`) cutting B rows into replica
     batches of floor(B/N) rows, a common hand-written split: the remainder rows are lost, as in the

@@ -19,7 +19,8 @@ replica's rows and weights, read off the distributed element):
   fewer rows        N - 1 rows.  A legacy tower left without rows fails (a mean over no rows is
                     NaN; on this CPU build oneDNN's Conv2D raises instead); the modern step must be
                     finite, with every row weighing alike (EXPECTED).  Legacy towers that all see rows:
-                    legacy = modern.
+                    legacy = modern, or, where they see other rows than the replicas and batch norm
+                    couples a tower's rows, the legacy towers fed the replicas' rows = modern.
   empty replica     N + 1 rows on N >= 3 replicas, which the strategy's cut (ceil(rows/N) in order)
                     leaves a replica without rows: the modern step finite, every row weighing alike.
 With LegacyGraph.feed_towers, the legacy towers are also fed exactly the rows each modern replica got,
@@ -229,11 +230,38 @@ def check_fewer(sides):
                           f"step finite, every row weighing alike"
                           + (", = the legacy towers fed the modern replicas' rows"
                                                            if errors else ""))
+    # Every tower sees rows.  legacy = modern when the towers see the rows the replicas see, or when
+    # no layer couples a tower's rows; batch norm in training normalises over a tower's own rows, so
+    # other cuts give other numbers: then the legacy towers are fed the replicas' rows instead.
+    if sides.legacy.moving and not same_cut(feed.rows, feed.weights, replica_rows(batch, step)):
+        if sides.legacy.lg.feed_towers is None:
+            return not_applicable(name, sides.pair.name,
+                                  f"{cut}: the towers and the replicas cut the batch differently and batch norm "
+                                  f"couples a tower's rows (declare LegacyGraph.feed_towers to judge it)")
+        errors = replica_row_errors(sides, batch, step) if ok_m else []
+        return judge(name, sides.pair.name, errors, tol, ok=None if ok_m else False,
+                     note=f"{cut}: every tower sees rows, not the replicas' (batch norm normalises over each "
+                          f"one's own): = the legacy towers fed the modern replicas' rows")
     sides.legacy.set_state(sides.start)
     masks = sides.tower_masks(batch, feed.rows, step["masks"], step["replicas"])
     loss_l, grads_l = sides.legacy.gradients(batch, masks)
     return judge(name, sides.pair.name, errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"]), tol,
                  ok=None if ok_m else False, note=cut + ": every tower sees rows")
+
+
+def replica_rows(batch, step):
+    """The batch rows (indices) each modern replica got, in its order, and each replica's weight."""
+    from compare.sides import row_index, row_key
+    index = row_index(batch)
+    return [([index.get(row_key(x[j], y[j]), -1) for j in range(len(x))], float(np.sum(w)))
+            for x, y, w in step["replicas"]]
+
+
+def same_cut(tower_rows, tower_weights, replicas):
+    """Whether the legacy towers that carry weight see the same rows as the modern replicas that do
+    (as multisets of row lists, in any tower order)."""
+    towers = sorted(sorted(int(i) for i in r) for r, w in zip(tower_rows, tower_weights) if w > 0 and len(r))
+    return towers == sorted(sorted(r) for r, w in replicas if w > 0 and len(r))
 
 
 def check_empty_replica(sides):
