@@ -288,17 +288,15 @@ def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeou
 def parse_args(argv=None):
     p = ArgumentParser(prog="python -m compare.multiworker", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=at_least(2), default=2, help="workers of the cluster (1 replica each)")
-    p.add_argument("--steps", type=at_least(1), default=6, help="training steps compared")
+    p.add_argument("--steps", type=at_least(5), default=6,
+                   help="training steps compared (at least 5: steps 2 and 4 are the short ones)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rows and start weights")
     p.add_argument("--defect", choices=DEFECTS, default=None,
                    help="plant a defect: the check must FAIL (default: none)")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # out_dir: run one process
     p.add_argument("--_legacy", default=None, help=argparse.SUPPRESS)  # root: run the legacy towers
-    p.add_argument("--towers", "--num_replicas", dest="num_replicas", type=int, default=1, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.workers < 2 or args.steps < 5:
-        p.error("--workers must be at least 2 and --steps at least 5 (steps 2 and 4 are the short ones)")
-    return args
+    p.add_argument("--towers", dest="num_replicas", type=int, default=1, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
 
 
 def main(argv=None):

@@ -487,8 +487,7 @@ class Sides:
         otherwise each row takes the mask of its first copy on the modern side."""
         if not step_masks:
             return None
-        index = row_index(batch)
-        held = [[index.get(row_key(x[j], y[j]), -1) for j in range(len(x))] for x, y, _ in replicas]
+        held = [rows for rows, _ in replica_rows(batch, replicas)]
         first = {}
         for r, rows in enumerate(held):
             for j, b in enumerate(rows):
@@ -525,6 +524,13 @@ def row_key(x, y):
 
 def row_index(batch: Batch):
     return {row_key(batch.x[i], batch.y[i]): i for i in range(batch.rows)}
+
+
+def replica_rows(batch: Batch, replicas):
+    """Each modern replica's rows as indices into `batch` (-1: a row that is no row of it), with the
+    replica's total weight."""
+    index = row_index(batch)
+    return [([index.get(row_key(x[j], y[j]), -1) for j in range(len(x))], float(np.sum(w))) for x, y, w in replicas]
 
 
 def build(pair: Pair, pairing: Pairing, towers: int, files, tmp_dir: str, seed: int = 0,

@@ -138,10 +138,7 @@ def parse_args(argv=None):
                    help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
                         "before the graph is built (ref variables, v1 control flow, no eager)")
     args = p.parse_args(argv)
-    if len(args.values) != len(args.boundaries) + 1:
-        p.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), got {len(args.values)}")
-    if list(args.boundaries) != sorted(set(args.boundaries)):
-        p.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
+    cifar10.check_schedule_flags(p, args)
     return args
 
 

@@ -131,10 +131,7 @@ def parse_args(argv=None):
     p.add_argument("--units_per_block", type=at_least(1), nargs=4, default=None, metavar="N",
                    help="for quick tests only: units in blocks 1-4 (default: ResNet-v2-50's 3 4 6 3)")
     args = p.parse_args(argv)
-    if len(args.values) != len(args.boundaries) + 1:
-        p.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), got {len(args.values)}")
-    if list(args.boundaries) != sorted(set(args.boundaries)):
-        p.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
+    cifar10.check_schedule_flags(p, args)
     return args
 
 
@@ -148,9 +145,6 @@ def resolve_data(args):
         valid_counts = cifar10.check_tfrecord_files(valid_files)
     except cifar10.CifarDataError as e:
         raise UsageError(str(e)) from None
-    if args.batch_size < 1 or args.valid_batch_size < 1:
-        raise UsageError(f"--batch_size and --valid_batch_size must be at least 1 "
-                         f"(got {args.batch_size} and {args.valid_batch_size})")
     return embedded, changed, train_files, sum(train_counts), valid_files, sum(valid_counts)
 
 

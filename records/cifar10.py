@@ -275,6 +275,15 @@ def add_schedule_flags(parser, shuffle_buffer, boundaries, values):
                         help="learning rates, one more than --boundaries")
 
 
+def check_schedule_flags(parser, args):
+    """Refuse (parser.error: one line, exit 2) a schedule piecewise_constant cannot take."""
+    if len(args.values) != len(args.boundaries) + 1:
+        parser.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), "
+                     f"got {len(args.values)}")
+    if list(args.boundaries) != sorted(set(args.boundaries)):
+        parser.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
+
+
 def fill_profile(args, profile, original):
     """Give each size flag of `profile` left unset (None) in `args` the profile's value; return
     "key value (original x)" for each value so set that differs from `original`."""

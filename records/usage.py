@@ -34,11 +34,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     says it itself (a default of None, which each such flag's help explains, and on/off flags)."""
 
     def _get_help_string(self, action):
-        text = action.help or ""
-        if (action.default in (None, argparse.SUPPRESS) or "%(default)" in text
-                or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))):
-            return text
-        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+        if action.default is None or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):

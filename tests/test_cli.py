@@ -1,11 +1,9 @@
 """The command lines: `--help` shows every default, one flag name for towers and steps on all four
 trainers, and bad input is one line on stderr with exit code 2 and nothing written."""
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_program
 from records import usage
 
 import legacy.cifar_resnet as legacy_cifar
@@ -94,8 +92,7 @@ def test_bad_flag_is_one_line_exit_2_and_nothing_written(name, argv, message, tm
 
 
 def test_bad_flag_from_the_shell_is_the_last_line_and_no_traceback(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "legacy" / "cifar_resnet.py"), "--batch_size", "0"],
-                          cwd=tmp_path, capture_output=True, text=True)
+    done = run_program([ROOT / "legacy" / "cifar_resnet.py", "--batch_size", "0"], cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "cifar_resnet.py: error: argument --batch_size: must be at least 1, got 0 (see --help)")

@@ -7,18 +7,17 @@ real-data commands get small files in the real formats, written where the README
 README command this test does not know how to run fails the test, so a demo cannot go stale
 unnoticed.
 """
-import gzip
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_program
+from records import mnist
 from test_cifar_data import _write_cifar_batch
+from test_mnist_data import write_idx
 
 README = (ROOT / "README.md").read_text()
 TRAINERS = ("legacy/cifar_resnet.py", "modern/cifar_resnet.py", "legacy/mnist_multi_gpu.py",
@@ -53,10 +52,8 @@ def write_real_format_files(folder):
     n = 200
     images = rng.randint(0, 256, (n, 28, 28)).astype(np.uint8)
     labels = rng.randint(0, 10, n).astype(np.uint8)
-    for name, magic, dims, payload in (("train-images-idx3-ubyte.gz", 2051, (n, 28, 28), images),
-                                       ("train-labels-idx1-ubyte.gz", 2049, (n,), labels)):
-        header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
-        (folder / name).write_bytes(gzip.compress(header + payload.tobytes()))
+    write_idx(folder / "train-images-idx3-ubyte.gz", mnist.IDX_IMAGES_MAGIC, (n, 28, 28), images, compress=True)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", mnist.IDX_LABELS_MAGIC, (n,), labels, compress=True)
 
 
 def test_the_set_up_commands_are_the_ones_ci_runs():
@@ -86,8 +83,7 @@ def runs(tmp_path_factory):
         if tuple(argv) in seen:
             continue
         seen.add(tuple(argv))
-        result = subprocess.run([sys.executable, *argv[1:]], cwd=folder, capture_output=True, text=True,
-                                timeout=600)
+        result = run_program(argv[1:], cwd=folder)
         done.append((command, result))
     return folder, done
 

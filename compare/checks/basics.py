@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from compare import tf1_graph
 from compare.report import EPS32, judge, not_applicable, tensor_error
+from compare.sides import row_key
 
 tf1 = tf.compat.v1
 
@@ -193,7 +194,7 @@ def same_rows(label, a, b, scale):
     def grouped(x, y, w):
         sums = {}
         for i in range(len(x)):
-            key = np.ascontiguousarray(x[i]).tobytes() + np.ascontiguousarray(y[i]).tobytes()
+            key = row_key(x[i], y[i])
             sums[key] = sums.get(key, 0.0) + float(w[i])
         return sums
     ga, gb = grouped(*a), grouped(*b)

@@ -132,7 +132,7 @@ def describe(read, towers_each):
     train_off, valid_off = read(False)
     train_again, _ = read(False, seed=1)
     train_on, _ = read(True)
-    key = lambda x, y: np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()  # noqa: E731
+    from compare.sides import row_key as key
     order = [key(x, y) for b in train_off for x, y in zip(b[0], b[1])]
     shuffled = [key(x, y) for b in train_on for x, y in zip(b[0], b[1])]
     head = min(32, len(order))

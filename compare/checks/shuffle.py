@@ -62,7 +62,8 @@ def modern_rows(sides, flags, files, rows, shuffled=True):
 
 
 def keys(rows):
-    return [np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes() for x, y in rows]
+    from compare.sides import row_key
+    return [row_key(x, y) for x, y in rows]
 
 
 def statistics(stream, index, rows):

@@ -34,6 +34,7 @@ import tensorflow as tf
 from compare.checks.forward import gradient_errors, step_both
 from compare.interface import NotFed
 from compare.report import judge, not_applicable, tensor_error
+from compare.sides import replica_rows, row_index, row_key
 
 
 def errors_of(sides, loss_l, grads_l, loss_m, grads_m):
@@ -48,7 +49,6 @@ def modern_row_weights(batch, replicas):
     """Each batch row's share of the modern step's loss: the weights of its copies over all replicas,
     over the total weight (the step divides the summed loss by the rows counted by weight); and the
     number of modern rows that are no row of the batch."""
-    from compare.sides import row_index, row_key
     index = row_index(batch)
     total = np.zeros(batch.rows)
     unknown = 0
@@ -233,7 +233,7 @@ def check_fewer(sides):
     # Every tower sees rows.  legacy = modern when the towers see the rows the replicas see, or when
     # no layer couples a tower's rows; batch norm in training normalises over a tower's own rows, so
     # other cuts give other numbers: then the legacy towers are fed the replicas' rows instead.
-    if sides.legacy.moving and not same_cut(feed.rows, feed.weights, replica_rows(batch, step)):
+    if sides.legacy.moving and not same_cut(feed.rows, feed.weights, replica_rows(batch, step["replicas"])):
         if sides.legacy.lg.feed_towers is None:
             return not_applicable(name, sides.pair.name,
                                   f"{cut}: the towers and the replicas cut the batch differently and batch norm "
@@ -247,14 +247,6 @@ def check_fewer(sides):
     loss_l, grads_l = sides.legacy.gradients(batch, masks)
     return judge(name, sides.pair.name, errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"]), tol,
                  ok=None if ok_m else False, note=cut + ": every tower sees rows")
-
-
-def replica_rows(batch, step):
-    """The batch rows (indices) each modern replica got, in its order, and each replica's weight."""
-    from compare.sides import row_index, row_key
-    index = row_index(batch)
-    return [([index.get(row_key(x[j], y[j]), -1) for j in range(len(x))], float(np.sum(w)))
-            for x, y, w in step["replicas"]]
 
 
 def same_cut(tower_rows, tower_weights, replicas):
@@ -289,11 +281,11 @@ def check_empty_replica(sides):
 def replica_row_errors(sides, batch, step):
     """The legacy towers fed exactly the rows (and weights) of each modern replica, against the
     modern step (LegacyGraph.feed_towers)."""
-    from compare.sides import row_index, row_key
-    index = row_index(batch)
-    rows = [np.array([index[row_key(x[j], y[j])] for j in range(len(x))], int) for x, y, _ in step["replicas"]]
-    weights = [float(np.sum(w)) / sum(float(np.sum(w_)) for _, _, w_ in step["replicas"])
-               for _, _, w in step["replicas"]]
+    cut = replica_rows(batch, step["replicas"])
+    if any(i < 0 for rows, _ in cut for i in rows):
+        raise KeyError("a modern replica holds a row that is no row of the batch")
+    rows = [np.array(r, int) for r, _ in cut]
+    weights = [w / sum(w_ for _, w_ in cut) for _, w in cut]
     sides.legacy.set_state(sides.start)
     masks = sides.tower_masks(batch, rows, step["masks"], step["replicas"])
     loss_l, grads_l = sides.legacy.gradients(batch, masks, towers=(rows, weights))
