@@ -22,7 +22,7 @@ try:  # before TensorFlow's runtime starts: pytest imports every test module fir
 except DeviceSetupError:
     pass
 
-from compare import harness, sides as sides_module  # noqa: E402
+from compare import harness, optimizers, sides as sides_module  # noqa: E402
 from compare.checks import basics, forward, splits, steps, trained  # noqa: E402
 from compare.checks.forward import grad_errors  # noqa: E402
 from compare.interface import StepResult  # noqa: E402
@@ -247,6 +247,20 @@ def test_adam_with_keras_default_epsilon_fails_only_the_optimizer_check(sides, m
     results = restart(sides)
     assert [name for name, r in results.items() if r.status == "FAIL"] == ["1 training step: optimizer on each side"]
     assert results["1 training step: optimizer on each side"].worst.name.startswith("modern")
+
+
+def test_the_ports_adam_at_keras_default_epsilon_fails_the_configuration_check(sides, monkeypatch):
+    """The port's make_optimizer defaulting to Keras' epsilon 1e-7 (TF1's is 1e-8).  Its Adam then
+    updates by its own formula, so the optimizer checks, which judge each side against its own
+    configuration, still pass; the configuration check compares the two and names the epsilon."""
+    defaults = modern_cifar.make_optimizer.__defaults__  # (boundaries, values, epsilon, fused)
+    monkeypatch.setattr(modern_cifar.make_optimizer, "__defaults__", (*defaults[:2], 1e-7, *defaults[3:]))
+    flags = sides.modern.flags
+    planted = modern_cifar.make_optimizer(flags.boundaries, flags.values)  # as modern_cifar.build calls it
+    monkeypatch.setattr(sides.modern, "rule", optimizers.modern_rule(planted))
+    result = basics.check_config(sides)
+    assert result.status == "FAIL" and result.worst.name == "optimizer epsilon"
+    assert 8 < result.worst.rel_l2 < 10  # |1e-7 - 1e-8| / 1e-8 = 9
 
 
 def test_keras_batch_norm_momentum_fails_only_the_moving_statistics_check(sides, monkeypatch):
