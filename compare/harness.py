@@ -8,42 +8,26 @@ refused with one line naming it (AdapterError, HarnessError) before a single che
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
 from typing import Callable, Optional
 
 from compare import sides as sides_module
 from compare import tolerances
-from compare.checks import averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, trained
-from compare.interface import GROUPS, AdapterError, Pair, validate
-from compare.report import STATIC, not_applicable
-from compare.sides import HarnessError
+from compare.checks import basics, registry
+from compare.checks.registry import Context, run_check
+from compare.interface import GROUPS, AdapterError, DataFiles, Pair, validate
+from compare.programs import Programs
+from compare.report import Result
+from compare.settings import Settings
+from compare.sides import HarnessError, Sides
+
+Log = Callable[[str], None]
 
 
-
-@dataclasses.dataclass
-class Settings:
-    """What the harness runs: the tower count, the steps, the start, which groups."""
-    towers: int = 2
-    steps: Optional[int] = None        # restart-per-step training steps (default 6, --quick 2)
-    free_steps: Optional[int] = None   # free-running and moving-average steps (default: the pair's)
-    seed: int = 0
-    quick: bool = False
-    checkpoint: Optional[str] = None   # start from this TF1 checkpoint of the legacy program
-    only: tuple = GROUPS
-    tf1_repeats: int = 1               # the TF1-runtime step run this many times from the same state
-
-    def restart_steps(self):
-        return self.steps or (2 if self.quick else 6)
-
-    def free_steps_for(self, pair: Pair):
-        if self.free_steps is not None:
-            return self.free_steps
-        return pair.quick_free_steps if self.quick else pair.free_steps
-
-
-def load_adapter(module_name: str) -> Pair:
-    """The PAIR of an adapter module, importable from the current folder or installed."""
+def load_adapter(module_name: str, programs: Optional[Programs] = None) -> Pair:
+    """The PAIR of an adapter module, importable from the current folder or installed; with
+    `programs`, the pair a seed adapter's `make_pair` makes of them instead."""
     import importlib
     import sys
     if os.getcwd() not in sys.path:
@@ -55,14 +39,18 @@ def load_adapter(module_name: str) -> Pair:
                            f"current folder or installed") from None
     if not hasattr(module, "PAIR"):
         raise AdapterError(f"--pair {module_name}: the module defines no PAIR (see compare/interface.py)")
-    pair = validate(module.PAIR, module_name)
+    made = module.make_pair(programs) if programs is not None and hasattr(module, "make_pair") else module.PAIR
+    pair = validate(made, module_name)
     pair.module = module_name
     return pair
 
 
-def build_pairings(pair: Pair, settings: Settings, files, tmp_dir, log):
+def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: str,
+                   log: Log) -> list[tuple[Sides, list[str]]]:
     """Every pairing the settings run, built (both sides), with its derived tolerances."""
-    built, modern_by_argv, start_path = [], {}, None
+    built: list[tuple[Sides, list[str]]] = []
+    modern_by_argv: dict[tuple[str, ...], sides_module.ModernRun] = {}
+    start_path = None
     for pairing in pair.pairings:
         if settings.quick and not pairing.quick:
             continue
@@ -75,14 +63,12 @@ def build_pairings(pair: Pair, settings: Settings, files, tmp_dir, log):
                                        modern=modern_by_argv.get(pairing.modern_argv))
         modern_by_argv[pairing.modern_argv] = sides.modern
         start_path = sides.start_path
-        derived = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
-        sides.tolerances = dict(STATIC, model=derived["model"], steps=derived["steps"])
-        sides.spread = derived["spread"]
+        sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
         built.append((sides, groups))
     return built
 
 
-def write_files(pair: Pair, settings: Settings, tmp_dir: str) -> dict:
+def write_files(pair: Pair, settings: Settings, tmp_dir: str) -> dict[str, str]:
     """The pair's data files for this run, and an empty scratch folder for the programs' outputs."""
     files = dict(pair.data.write(os.path.join(tmp_dir, f"{pair.name}_data"), settings.towers, settings.seed))
     files["scratch"] = os.path.join(tmp_dir, f"{pair.name}_scratch")
@@ -90,76 +76,29 @@ def write_files(pair: Pair, settings: Settings, tmp_dir: str) -> dict:
     return files
 
 
-def judge_pair(pair: Pair, settings: Settings, tmp_dir: str, log: Callable = print):
+def judge_pair(pair: Pair, settings: Settings, tmp_dir: str, log: Log = print) -> list[Result]:
     """All checks of `pair` under `settings`; returns the Results."""
     validate(pair)
     files = write_files(pair, settings, tmp_dir)
     built = build_pairings(pair, settings, files, tmp_dir, log)
-    results = []
+    results: list[Result] = []
     try:
         for index, (sides, groups) in enumerate(built):
-            t = sides.tolerances["model"]
+            t = sides.tol.model
             log(f"{pair.name}: {sides.label}model tolerance {t.rel_l2:.2g} = {t.derivation}")
             results += run_groups(sides, groups, settings, log)
             if index == 0 and pair.extra_checks is not None:
-                results += pair.extra_checks(sides, settings, log)
+                results += run_check(f"{pair.name}'s own checks",
+                                     functools.partial(pair.extra_checks, sides, settings, log), "", pair.name)
     finally:
         for sides, _ in built:
             sides.close()
     return results
 
 
-def run_groups(sides, groups, settings, log):
-    pair, name = sides.pair, sides.pair.name
-    free_steps = settings.free_steps_for(pair)
-    out = []
-    if "basics" in groups:
-        log(f"{name}: {sides.label}configuration, variables, checkpoint, pipelines")
-        out += [basics.check_config(sides), basics.check_variables(sides),
-                basics.check_checkpoint_round_trip(sides), basics.check_pipelines(sides)]
-    if "shuffle" in groups:
-        log(f"{name}: {sides.label}both training pipelines, shuffled, over two epochs")
-        out.append(shuffle.check_shuffle(sides))
-    if "flags" in groups and not settings.quick:
-        log(f"{name}: {sides.label}every shared flag at another value, through what each program builds")
-        out.append(flags.check_flags(sides))
-    if "forward" in groups:
-        log(f"{name}: {sides.label}inference, dropout")
-        out += [forward.check_inference(sides), forward.check_dropout(sides)]
-    if "training" in groups:
-        log(f"{name}: {sides.label}training forward pass and gradients")
-        out += forward.check_training(sides)
-        out.append(forward.check_free_variables(sides))
-    if "splits" in groups:
-        log(f"{name}: {sides.label}batch splits")
-        out += splits.check_splits(sides)
-    if "steps" in groups:
-        count = settings.restart_steps()
-        log(f"{name}: {sides.label}{count} training steps from the legacy state across its schedule")
-        out += steps.check_training_steps(sides, count)
-    if "averages" in groups:
-        if free_steps:
-            log(f"{name}: {sides.label}moving averages over {free_steps} steps")
-            out += averages.check_moving_averages(sides, free_steps)
-    if "free" in groups:
-        if free_steps:
-            log(f"{name}: {sides.label}{free_steps} free-running steps, and the legacy program again from weights "
-                f"1 ulp away")
-            out.append(free.check_free_running(sides, free_steps))
-    if "trained" in groups:
-        log(f"{name}: {sides.label}the training checks again from a trained, perturbed state past the schedule")
-        out += trained.check_trained(sides, settings, free_steps)
-    if "evaluation" in groups:
-        out.append(evaluation.check_evaluation(sides))
-    if "tf1" in groups and not settings.quick:
-        if "tf1_runtime" in pair.capabilities:
-            from compare.checks import tf1
-            log(f"{name}: {sides.label}the legacy graph on TF1's runtime, in its own process")
-            out += tf1.check_tf1_runtime(sides, settings)
-        else:
-            out.append(not_applicable(f"{sides.label}legacy on TF1's runtime", name,
-                                      "the adapter does not declare capability 'tf1_runtime'"))
-    return out
+def run_groups(sides: Sides, groups: list[str], settings: Settings, log: Log) -> list[Result]:
+    """The checks of `groups` on one built pairing (compare.checks.registry)."""
+    return registry.run_groups(Context(sides, settings, log), groups)
 
 
 __all__ = ["GROUPS", "Settings", "judge_pair", "load_adapter", "AdapterError", "HarnessError"]

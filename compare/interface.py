@@ -80,7 +80,7 @@ class Batch:
     def rows(self) -> int:
         return int(len(self.x))
 
-    def take(self, index) -> "Batch":
+    def take(self, index: Any) -> Batch:
         """The rows `index` (a slice or an array of row indices) of this batch."""
         return Batch(self.x[index], self.y[index])
 
@@ -139,12 +139,15 @@ class LegacyPipeline:
     initializer: ops to run before the first batch (an initializable iterator), or empty.
     valid / valid_initializer: the same for the validation pipeline, if the program has one.
     steps: compare this many steps (a pipeline that repeats forever); None: until it runs out.
+    queue_runners: the pipeline is fed by queue runners (tf.train.string_input_producer,
+      shuffle_batch, ...): the harness starts them in a session of its own to read it, and stops them.
     """
     train: Sequence[tuple[Any, Any]]
     initializer: Sequence[Any] = ()
     valid: Sequence[tuple[Any, Any]] = ()
     valid_initializer: Sequence[Any] = ()
     steps: Optional[int] = None
+    queue_runners: bool = False
 
 
 @dataclasses.dataclass
@@ -164,6 +167,8 @@ class LegacyGraph:
     feed_towers: optional; rows and weights per tower -> the feed that gives tower i exactly those
       rows at that weight (a program whose split takes per-tower starts, sizes and weights).  With
       it the harness also feeds the legacy towers the rows each modern replica got.
+    graph: the graph the tensors are in, where it is not the default graph `build` was called in (a
+      program captured as it ran: compare.capture).
     """
     feed: Callable[[Batch, bool], TowerFeed]
     tower_logits: Sequence[Any]
@@ -176,6 +181,7 @@ class LegacyGraph:
     moving_averages: Any = None
     pipeline: Optional[LegacyPipeline] = None
     feed_towers: Optional[Callable[[Batch, Sequence[np.ndarray], Sequence[float], bool], dict]] = None
+    graph: Any = None
 
 
 @runtime_checkable
@@ -247,7 +253,7 @@ class ModernBuild:
     dataset: Optional[Callable[[], Any]] = None
     valid_dataset: Optional[Callable[[], Any]] = None
     evaluate: Optional[Callable[[str], Mapping[str, float]]] = None
-    load_tf1: Optional[Callable[[str], None]] = None
+    load_tf1: Optional[Callable[[str], Any]] = None
     save_tf1: Optional[Callable[[str], str]] = None
 
 
@@ -333,6 +339,13 @@ class Pair:
     extra_checks: Optional[Callable[..., list]] = None
     description: str = ""
     module: str = ""  # the adapter module's name (set by the harness when it loads the adapter)
+
+
+def optional(side: object, method: str) -> Optional[Callable[..., Any]]:
+    """An optional method of an adapter's side (`input_pipeline`, `evaluate`, `write_rows`), bound,
+    or None where the side does not define it."""
+    found = getattr(side, method, None)
+    return found if callable(found) else None
 
 
 class AdapterError(Exception):

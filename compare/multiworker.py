@@ -49,15 +49,14 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Callable, Optional, Sequence
 
-if __package__ in (None, ""):  # `python compare/multiworker.py`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from compare.report import TensorError, judge, tensor_error  # noqa: E402
-from records.usage import ArgumentParser, at_least  # noqa: E402
+from compare.report import TensorError, judge, tensor_error
+from compare.report import Result
+from records.usage import ArgumentParser, at_least
 
 MODEL = "mnist"
 BATCH = 8           # rows per replica
@@ -65,7 +64,7 @@ CLUSTER_DEFECTS = ("repeat_rows",)
 DEFECTS = CLUSTER_DEFECTS + ("shift_tower_rows",)
 
 
-def short_steps(batch, num_replicas):
+def short_steps(batch: int, num_replicas: int) -> dict[int, int]:
     """{step: rows} for the steps whose global batch is cut short: uneven, and one replica empty."""
     return {2: batch * num_replicas - 1, 4: 1}
 
@@ -73,7 +72,7 @@ def short_steps(batch, num_replicas):
 # ----------------------------------------------------------------------------------------------
 # One process of either layout.
 # ----------------------------------------------------------------------------------------------
-def train_and_record(out_dir, num_replicas, steps, seed, defect=None):
+def train_and_record(out_dir: str, num_replicas: int, steps: int, seed: int, defect: Optional[str] = None) -> None:
     """Train `steps` steps of modern/mnist_multi_gpu.py's trainer; write losses and weights to out_dir."""
     from modern import cluster
     strategy, worker = cluster.make_strategy(num_replicas, log=None)  # first: may start the cluster
@@ -123,13 +122,14 @@ def train_and_record(out_dir, num_replicas, steps, seed, defect=None):
 # ----------------------------------------------------------------------------------------------
 # The legacy program's towers, in a process of their own (a TF1 graph).
 # ----------------------------------------------------------------------------------------------
-def even_steps(steps, batch, num_replicas):
+def even_steps(steps: int, batch: int, num_replicas: int) -> list[int]:
     """The steps whose global batch splits evenly over the towers (all but the short ones)."""
     cut = short_steps(batch, num_replicas)
     return [k for k in range(steps) if cut.get(k, batch * num_replicas) % num_replicas == 0]
 
 
-def train_legacy_towers(ref_dir, cluster_dir, out_dir, num_towers, steps, defect=None):
+def train_legacy_towers(ref_dir: str, cluster_dir: str, out_dir: str, num_towers: int, steps: int,
+                        defect: Optional[str] = None) -> None:
     """`legacy/mnist_multi_gpu.py --per_tower_batches --ordered_ema` on the reference's replica rows.
 
     The program's own `parse_args` and `build_train_graph`, fed through placeholders (tower i gets
@@ -184,12 +184,13 @@ def train_legacy_towers(ref_dir, cluster_dir, out_dir, num_towers, steps, defect
 # ----------------------------------------------------------------------------------------------
 # The check.
 # ----------------------------------------------------------------------------------------------
-def _worker_command(out_dir, steps, seed, defect):
+def _worker_command(out_dir: str, steps: int, seed: int, defect: Optional[str]) -> list[str]:
     command = ["-m", "compare.multiworker", "--_worker", out_dir, "--steps", str(steps), "--seed", str(seed)]
     return command + (["--defect", defect] if defect in CLUSTER_DEFECTS else [])
 
 
-def _errors(label, result, expected, names):
+def _errors(label: str, result: dict[str, np.ndarray], expected: dict[str, np.ndarray],
+            names: list[str]) -> list[TensorError]:
     """tensor_error of result[n] against expected[n] for each name; a shape that differs is infinite."""
     errors = []
     for name in names:
@@ -202,7 +203,8 @@ def _errors(label, result, expected, names):
     return errors
 
 
-def check_legacy_towers(root, workers, steps, seed=0, defect=None, timeout=300):
+def check_legacy_towers(root: str, workers: int, steps: int, seed: int = 0, defect: Optional[str] = None,
+                        timeout: int = 300) -> Result:
     """Result `multiworker_vs_legacy_towers`: run the legacy towers' process on the reference's
     rows in `root` (made by `run`) and compare the workers with it, on the even steps."""
     done = subprocess.run([sys.executable, "-m", "compare.multiworker", "--_legacy", root, "--workers",
@@ -231,8 +233,9 @@ def check_legacy_towers(root, workers, steps, seed=0, defect=None, timeout=300):
                         "losses": {"legacy": legacy["losses"].tolist()}})
 
 
-def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeout=300, legacy=True,
-        work_dir=None):
+def run(workers: int = 2, steps: int = 6, seed: int = 0, tmp_dir: Optional[str] = None,
+        log: Callable[[str], None] = print, defect: Optional[str] = None, timeout: int = 300, legacy: bool = True,
+        work_dir: Optional[str] = None) -> list[Result]:
     """[Result]: `workers` workers x 1 replica against 1 worker x `workers` replicas, K = steps, and
     (legacy=True) against the legacy program's `workers` towers.
 
@@ -257,7 +260,7 @@ def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeou
         if done.returncode != 0:
             raise RuntimeError(f"the 1-worker reference failed ({done.returncode}):\n{done.stdout}{done.stderr}")
         log(f"multiworker: {workers} workers x 1 replica" + (f", defect {defect}" if defect else ""))
-        lines = []
+        lines: list[str] = []
         code = launch(_worker_command(cluster_dir, steps, seed, defect), workers, 1, grace=5.0,
                       log=lines.append, timeout=timeout, output=lines.append)
         if code != 0:
@@ -285,7 +288,7 @@ def run(workers=2, steps=6, seed=0, tmp_dir=None, log=print, defect=None, timeou
     return results
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m compare.multiworker", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=at_least(2), default=2, help="workers of the cluster (1 replica each)")
     p.add_argument("--steps", type=at_least(5), default=6,
@@ -299,7 +302,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args._worker:
         train_and_record(args._worker, args.num_replicas, args.steps, args.seed, args.defect)

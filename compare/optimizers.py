@@ -23,13 +23,16 @@ momentum's first slot; from the weights alone for plain SGD, to within a float32
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
-from compare.report import EPS32, tensor_error
+from compare.report import EPS32, TensorError, tensor_error
+
+Arrays = dict[str, np.ndarray]
 
 
-def one_minus(beta):
+def one_minus(beta: float) -> float:
     """1 - beta in float32, as TF1's kernels take it (Keras' Adam rounds 1 - beta taken in float64)."""
     return float(np.float32(1) - np.float32(beta))
 
@@ -47,11 +50,11 @@ class Rule:
     nesterov: bool = False
 
     @property
-    def slots(self):
+    def slots(self) -> tuple[str, ...]:
         return {"adam": ("m", "v"), "momentum": ("accum",) if self.side == "tf1" else ("momentum",),
                 "sgd": ()}[self.rule]
 
-    def describe(self):
+    def describe(self) -> str:
         if self.rule == "adam":
             return f"Adam (beta1 {self.beta1:g}, beta2 {self.beta2:g}, epsilon {self.epsilon:g})"
         if self.rule == "momentum":
@@ -59,20 +62,20 @@ class Rule:
         return "gradient descent"
 
 
-def legacy_rule(update, sess):
+def legacy_rule(update: Any, sess: Any) -> Rule:
     """The Rule of a TF1 update op (compare.tf1_graph.OptimizerUpdate), its constants read from the
     graph (they are Const ops; running them could run the control dependencies an optimizer built
     under, such as UPDATE_OPS), else evaluated."""
     import tensorflow as tf
     names = {"adam": ("beta1", "beta2", "epsilon"), "momentum": ("momentum",), "sgd": ()}[update.rule]
-    values = {}
+    values: dict[str, float] = {}
     for n in names:
         value = tf.get_static_value(update.inputs[n])
         values[n] = float(sess.run(update.inputs[n]) if value is None else value)
     return Rule(update.rule, "tf1", nesterov=update.nesterov, **values)
 
 
-def modern_rule(optimizer):
+def modern_rule(optimizer: Any) -> Rule:
     """The Rule of a Keras optimizer, from its public configuration."""
     import keras
     config = optimizer.get_config()
@@ -87,7 +90,7 @@ def modern_rule(optimizer):
     raise TypeError(f"the harness knows Adam and SGD (with or without momentum), not {type(optimizer).__name__}")
 
 
-def modern_slots_from_legacy(rule, legacy_slots, lr):
+def modern_slots_from_legacy(rule: Rule, legacy_slots: Arrays, lr: float) -> Arrays:
     """The modern slots that continue a TF1 optimizer's state: identical for Adam; Keras' momentum
     slot is -lr times TF1's accumulator (exact for the step about to run at rate lr)."""
     if rule.rule == "momentum":
@@ -95,7 +98,7 @@ def modern_slots_from_legacy(rule, legacy_slots, lr):
     return dict(legacy_slots)
 
 
-def gradients_from_slots(rule, before, after, lr):
+def gradients_from_slots(rule: Rule, before: Arrays, after: Arrays, lr: float) -> np.ndarray:
     """The gradient one update applied, read back from the state before and after it:
     before/after: {"w": weights, slot name: slot} of one variable (float32 arrays)."""
     if rule.rule == "adam":
@@ -108,7 +111,7 @@ def gradients_from_slots(rule, before, after, lr):
     return (before["w"].astype(np.float64) - after["w"]) / lr
 
 
-def readback_floor(rule, before, after, lr):
+def readback_floor(rule: Rule, before: Arrays, after: Arrays, lr: float) -> float:
     """The norm of the float32 error of `gradients_from_slots` (ulps of what it subtracts)."""
     if rule.rule == "adam":
         return float((np.linalg.norm(np.spacing(np.abs(after["m"]))) + np.linalg.norm(np.spacing(np.abs(before["m"]))))
@@ -119,7 +122,8 @@ def readback_floor(rule, before, after, lr):
                  * scale)
 
 
-def update_errors(label, rule, before, after, grad, lr, powers, tolerance):
+def update_errors(label: str, rule: Rule, before: Arrays, after: Arrays, grad: Any, lr: float,
+                  powers: tuple[float, float], tolerance: float) -> list[TensorError]:
     """[errors] of one variable's update on one side against `rule`.
 
     before/after: {"w": weights, slot: value} of the variable (numpy, float32); grad: the gradient

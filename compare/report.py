@@ -13,15 +13,19 @@ few that hold for every model are below (STATIC); those that depend on the model
 pair from its graph and from floors measured in the same run (`compare.tolerances`), and every report
 prints how each was derived.
 """
+from __future__ import annotations
+
 import dataclasses
 import json
 import math
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 EPS32 = float(np.finfo(np.float32).eps)
 TINY = 1e-30
-STATUSES = ("PASS", "EXPECTED", "NOT APPLICABLE", "FAIL")
+STATUSES = ("PASS", "EXPECTED", "NOT APPLICABLE", "FAIL", "ERROR")
+FAILING = ("FAIL", "ERROR")  # the statuses that make the run's exit status nonzero
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +58,7 @@ STATIC = {t.name: t for t in (
 TOLERANCES = {t.name: (t.rel_l2, t.derivation) for t in STATIC.values()}
 
 
-def tolerance_of(tolerance):
+def tolerance_of(tolerance: Union[Tolerance, str]) -> Tolerance:
     """A Tolerance, from itself or from a STATIC name."""
     return tolerance if isinstance(tolerance, Tolerance) else STATIC[tolerance]
 
@@ -66,11 +70,11 @@ class TensorError:
     max_rel: float
     rel_l2: float
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def tensor_error(name, a, b, floor=0.0):
+def tensor_error(name: str, a: Any, b: Any, floor: float = 0.0) -> TensorError:
     """Errors of `a` against the reference `b` (both array-like, same shape).
 
     floor: a norm below which `b` is not trusted as the yardstick of rel_l2 (rel_l2 = ||a - b|| /
@@ -102,7 +106,7 @@ def tensor_error(name, a, b, floor=0.0):
     return TensorError(name, max_abs, max_rel, rel_l2)
 
 
-def share_floors(tensors):
+def share_floors(tensors: Mapping[str, Any]) -> dict[str, float]:
     """{name: ||all tensors|| * sqrt(size / total size)}: each tensor's even share of the total norm."""
     total = float(np.sqrt(sum(np.sum(np.square(np.asarray(t, np.float64))) for t in tensors.values())))
     size = sum(np.size(t) for t in tensors.values())
@@ -127,12 +131,12 @@ class Result:
     extra: dict = dataclasses.field(default_factory=dict)
 
     @property
-    def worst(self):
+    def worst(self) -> Optional[TensorError]:
         if not self.errors:
             return None
         return max(self.errors, key=lambda e: e.rel_l2)
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         worst = self.worst
         return {
             "check": self.check, "model": self.model, "status": self.status,
@@ -144,7 +148,9 @@ class Result:
         }
 
 
-def judge(check, model, errors, tolerance, expected=False, note="", extra=None, ok=None):
+def judge(check: str, model: str, errors: Sequence[TensorError], tolerance: Union[Tolerance, str],
+          expected: bool = False, note: str = "", extra: Optional[Mapping[str, Any]] = None,
+          ok: Optional[bool] = None) -> Result:
     """Build a Result: PASS (or EXPECTED) when every error is within tolerance, else FAIL.
 
     tolerance: a Tolerance or the name of a STATIC one.  `ok` overrides the tolerance test for
@@ -159,15 +165,22 @@ def judge(check, model, errors, tolerance, expected=False, note="", extra=None, 
     return Result(check, model, status, tolerance, list(errors), note, dict(extra or {}))
 
 
-def not_applicable(check, model, reason):
+def not_applicable(check: str, model: str, reason: str) -> Result:
     """A check the pair gives nothing to judge with: never a PASS."""
     return Result(check, model, "NOT APPLICABLE", STATIC["exact"], [], reason)
+
+
+def error_result(check: str, model: str, error: BaseException, where: str = "") -> Result:
+    """A check that raised: its exception (type and first line) and where it came from."""
+    message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    note = f"{type(error).__name__}" + (f": {message}" if message else "") + (f" (raised in {where})" if where else "")
+    return Result(check, model, "ERROR", STATIC["exact"], [], note)
 
 
 # ---------------------------------------------------------------------------------------------
 # Output
 
-def format_table(results, seconds=None):
+def format_table(results: Sequence[Result], seconds: Optional[float] = None) -> str:
     """The stdout table: one line per check, then the tolerances the checks used, with their derivations."""
     head = (f"{'check':<46} {'model':<8} {'status':<9} {'worst tensor':<56} {'max_abs':>9} {'max_rel':>9} "
             f"{'rel_l2':>9} {'tol':>9}")
@@ -178,23 +191,24 @@ def format_table(results, seconds=None):
         status = "N/A" if r.status == "NOT APPLICABLE" else r.status
         if w is None:
             lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {'-':<56} {'':>9} {'':>9} {'':>9} "
-                         + (f"{tol:>9.2e}" if r.status != "NOT APPLICABLE" else ""))
+                         + (f"{tol:>9.2e}" if r.status not in ("NOT APPLICABLE", "ERROR") else ""))
         else:
             name = w.name if len(w.name) <= 56 else "..." + w.name[-53:]
             lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {name:<56} {w.max_abs:>9.2e} "
                          f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {tol:>9.2e}")
         if r.note:
-            lines.append(f"{'':<46} {'':<8} {'':<9} {'why: ' if r.status == 'NOT APPLICABLE' else 'note: '}{r.note}")
+            lead = {"NOT APPLICABLE": "why: ", "ERROR": "error: "}.get(r.status, "note: ")
+            lines.append(f"{'':<46} {'':<8} {'':<9} {lead}{r.note}")
     lines.append("")
     lines.append("Tolerances (relative L2 error, float32 eps = %.3g), as each check derived them:" % EPS32)
-    seen = {}
+    seen: dict[tuple[str, str, float], Tolerance] = {}
     for r in results:
-        if r.status != "NOT APPLICABLE":
+        if r.status not in ("NOT APPLICABLE", "ERROR"):
             seen.setdefault((r.model, r.tolerance.name, r.tolerance.rel_l2), r.tolerance)
     for (model, name, value), t in sorted(seen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         lines.append(f"  {model:<8} {name:<12} {value:9.2e}  {t.derivation}")
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s != "NOT APPLICABLE")
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s not in ("NOT APPLICABLE", "ERROR"))
     if seconds is not None:
         summary += f"; run time {seconds:.1f} s"
     lines.append("")
@@ -202,12 +216,12 @@ def format_table(results, seconds=None):
     return "\n".join(lines)
 
 
-def write_json(path, results, meta):
+def write_json(path: str, results: Sequence[Result], meta: Mapping[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [r.as_dict() for r in results]}, f, indent=2, default=float)
 
 
-def read_json(path):
+def read_json(path: str) -> list[Result]:
     """The results `write_json` wrote, as Result objects."""
     with open(path) as f:
         data = json.load(f)
@@ -216,7 +230,7 @@ def read_json(path):
                    [TensorError(**e) for e in d["errors"]], d["note"], d["extra"]) for d in data["results"]]
 
 
-def write_plot(path, results):
+def write_plot(path: str, results: Sequence[Result]) -> None:
     """Per-step loss (legacy vs modern) and per-variable gradient error by layer, log scale."""
     try:
         import matplotlib
@@ -228,7 +242,7 @@ def write_plot(path, results):
     import matplotlib.pyplot as plt
 
     steps = [r for r in results if "losses" in r.extra]
-    grads = [r for r in results if r.check.endswith("gradients (read out of the train step)")]
+    grads = [r for r in results if r.extra.get("plot") == "gradients"]
     fig, axes = plt.subplots(2, max(1, len(steps), len(grads)), figsize=(12, 8), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)

@@ -25,25 +25,28 @@ value held) or NOT APPLICABLE (the pair has nothing it could judge; never a PASS
 is 0 when no check FAILs, 1 otherwise, 2 on bad input (nothing is judged).  With several pairs, the
 later ones run in processes of their own, beside the first, their results read back from JSON.
 """
+import argparse
 import dataclasses
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from typing import Callable, Optional, Sequence
 
-if __package__ in (None, ""):  # `python compare/run.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from compare.interface import GROUPS  # noqa: E402
-from records.usage import ArgumentParser, at_least  # noqa: E402
+from compare import report
+from compare.interface import GROUPS
+from compare.report import Result
+from records.usage import ArgumentParser, at_least
 
 # --model names this repository's pairs by their adapters.
 SEED_PAIRS = {"cifar": "compare.pairs.cifar_resnet", "mnist": "compare.pairs.mnist_multi_gpu"}
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("cifar", "mnist", "all"), default=None,
                    help="this repository's pairs: cifar, mnist, or all (default: all without --pair, none with it)")
@@ -101,7 +104,7 @@ def parse_args(argv=None):
     return args
 
 
-def checkpoint_path(parser, path):
+def checkpoint_path(parser: argparse.ArgumentParser, path: str) -> str:
     """A TF1 checkpoint's prefix, from a prefix or a folder; a parser error when it is none."""
     import tensorflow as tf
     if os.path.isdir(path):
@@ -118,7 +121,7 @@ def checkpoint_path(parser, path):
     return path
 
 
-def child_argv(module, args, report_path):
+def child_argv(module: str, args: argparse.Namespace, report_path: str) -> list[str]:
     """`compare/run.py --pair MODULE` with the same settings, for a pair judged in its own process."""
     argv = [sys.executable, os.path.abspath(__file__), "--pair", module, "--towers", str(args.towers),
             "--seed", str(args.seed), "--report", report_path]
@@ -131,54 +134,63 @@ def child_argv(module, args, report_path):
     return argv
 
 
-def spawn(name, argv, report_path, log=None):
+@dataclasses.dataclass
+class Child:
+    """A pair judged in a process of its own: its output so far, and where its report will be."""
+    name: str
+    process: subprocess.Popen
+    reader: threading.Thread
+    output: list[str]
+    report_path: str
+
+
+def spawn(name: str, argv: list[str], report_path: str, log: Optional[Callable[[str], None]] = None) -> Child:
     """Start `argv`, forwarding its progress lines ("[  t s] ...") to stdout as they come, and
     logging through `log` when its output ends (so a run says when the child was done)."""
-    import subprocess
-    import threading
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    output = []
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    output: list[str] = []
 
-    def forward():
-        for line in child.stdout:
+    def forward() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
             output.append(line)
             if line.startswith("["):  # progress lines; the table comes back through the report
                 print(line, end="", flush=True)
         if log is not None:
-            log(f"{name}: child process done, exit code {child.wait()}")
+            log(f"{name}: child process done, exit code {process.wait()}")
 
     reader = threading.Thread(target=forward, daemon=True)
     reader.start()
-    return name, child, reader, output, report_path
+    return Child(name, process, reader, output, report_path)
 
 
-def finish_child(name, child, reader, output, report_path):
+def finish_child(child: Child) -> list[Result]:
     """The child's results, read back from its JSON report; a crashed child is one FAIL naming it."""
-    from compare import report
-    code = child.wait()
-    reader.join()
-    if not os.path.exists(report_path):
-        tail = "".join(output[-20:])
+    code = child.process.wait()
+    child.reader.join()
+    if not os.path.exists(child.report_path):
+        tail = "".join(child.output[-20:])
         print(tail, file=sys.stderr)
-        return [report.judge(f"{name} checks (child process)", name, [], "exact", ok=False,
-                             note=f"compare/run.py --pair {name} exited {code} without a report")]
-    return report.read_json(report_path)
+        return [report.judge(f"{child.name} checks (child process)", child.name, [], "exact", ok=False,
+                             note=f"compare/run.py --pair {child.name} exited {code} without a report")]
+    return report.read_json(child.report_path)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     start = time.time()
 
-    def log(message):
+    def log(message: str) -> None:
         print(f"[{time.time() - start:6.1f}s] {message}", flush=True)
 
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
-    from compare import harness, programs, report
+    from compare import harness
+    from compare.programs import InterfaceError, Programs
     try:
-        programs.use(**args.programs)
-        pairs = [harness.load_adapter(module) for module in args.pairs]
-    except (programs.InterfaceError, harness.AdapterError) as e:
+        chosen = Programs.load(**args.programs) if args.programs else None
+        pairs = [harness.load_adapter(module, chosen) for module in args.pairs]
+    except (InterfaceError, harness.AdapterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for role, module in args.programs.items():
@@ -198,15 +210,15 @@ def main(argv=None):
             log(f"{first.name}: checks done")
         except (harness.AdapterError, harness.HarnessError) as e:
             for child in children:
-                child[1].kill()
+                child.process.kill()
             print(f"error: {e}", file=sys.stderr)
             return 2
         except BaseException:  # Ctrl-C or a crash: no child process left behind
             for child in children:
-                child[1].kill()
+                child.process.kill()
             raise
         for child in children:
-            results += finish_child(*child)
+            results += finish_child(child)
         if args.workers > 1:
             from compare import multiworker
             results += multiworker.run(args.workers, seed=args.seed, tmp_dir=tmp_dir, log=log)
@@ -215,12 +227,13 @@ def main(argv=None):
     print(report.format_table(results, seconds))
     meta = {"towers": args.towers, "steps": args.steps, "free_steps": args.free_steps, "quick": args.quick,
             "seed": args.seed, "pairs": args.pairs, "checkpoint": args.checkpoint, "seconds": seconds}
-    for path, write in ((args.report, report.write_json), (args.plot, report.write_plot)):
+    for path, write in ((args.report, lambda p: report.write_json(p, results, meta)),
+                        (args.plot, lambda p: report.write_plot(p, results))):
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            write(path, results, meta) if write is report.write_json else write(path, results)
+            write(path)
             print(f"wrote {path}")
-    return 1 if any(r.status == "FAIL" for r in results) else 0
+    return 1 if any(r.status in report.FAILING for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ replace any feedable tensor), so the program's own ops run as built.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -43,8 +43,8 @@ class OptimizerUpdate:
     rule: str
     op: Any
     variable: Any
-    inputs: dict
-    slots: dict
+    inputs: dict[str, Any]
+    slots: dict[str, Any]
     nesterov: bool = False
 
 
@@ -68,12 +68,12 @@ class Dropout:
     tower: Optional[int]
 
 
-def variables_by_name(graph) -> dict:
+def variables_by_name(graph: Any) -> dict[str, Any]:
     with graph.as_default():
         return {v.op.name: v for v in tf1.global_variables() + tf1.local_variables()}
 
 
-def variable_of(tensor, by_name):
+def variable_of(tensor: Any, by_name: dict[str, Any]) -> Any:
     """The variable a resource handle, ref, or read of it refers to (through identities), or None."""
     seen = 0
     while tensor is not None and seen < 16:
@@ -86,7 +86,7 @@ def variable_of(tensor, by_name):
     return None
 
 
-def ancestors(tensors) -> set:
+def ancestors(tensors: Iterable[Any]) -> set[Any]:
     """Every op that `tensors` depend on, through data and control inputs (If/While count as one op)."""
     stack = [t.op if hasattr(t, "op") else t for t in tensors]
     seen = set()
@@ -103,20 +103,20 @@ def ancestors(tensors) -> set:
 class Towers:
     """Which tower an op belongs to: the one tower loss it is an ancestor of (None: none or several)."""
 
-    def __init__(self, tower_losses):
+    def __init__(self, tower_losses: Sequence[Any]) -> None:
         self.sets = [ancestors([loss]) for loss in tower_losses]
 
-    def of(self, op) -> Optional[int]:
+    def of(self, op: Any) -> Optional[int]:
         owners = [i for i, s in enumerate(self.sets) if op in s]
         return owners[0] if len(owners) == 1 else None
 
 
-def optimizer_updates(graph, grads_and_vars) -> dict:
+def optimizer_updates(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]]) -> dict[str, OptimizerUpdate]:
     """{variable name: OptimizerUpdate} for every variable of `grads_and_vars`.  Raises ValueError
     naming a variable whose update is not one of the rules the harness knows (APPLY)."""
     by_name = variables_by_name(graph)
     wanted = {v.op.name for _, v in grads_and_vars}
-    found = {}
+    found: dict[str, OptimizerUpdate] = {}
     for op in graph.get_operations():
         kind = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
         if kind not in APPLY:
@@ -138,7 +138,7 @@ def optimizer_updates(graph, grads_and_vars) -> dict:
     return found
 
 
-def assign_sub_parts(op, by_name):
+def assign_sub_parts(op: Any, by_name: dict[str, Any]) -> Optional[tuple[Any, Any, Any]]:
     """For an op `v -= (v - value) * c` (AssignSubVariableOp / AssignSub), (v, value, c); else None."""
     if op.type not in ("AssignSubVariableOp", "AssignSub") or len(op.inputs) < 2:
         return None
@@ -153,7 +153,7 @@ def assign_sub_parts(op, by_name):
     return None
 
 
-def moving_updates(graph, tower_losses) -> list:
+def moving_updates(graph: Any, tower_losses: Sequence[Any]) -> list[MovingUpdate]:
     """The `UPDATE_OPS` of the graph that move a variable toward a statistic (slim's and Keras 2's
     batch norm: `assign_moving_average`), each with its tower."""
     by_name = variables_by_name(graph)
@@ -170,7 +170,7 @@ def moving_updates(graph, tower_losses) -> list:
     return out
 
 
-def shadow_update(graph, shadow):
+def shadow_update(graph: Any, shadow: Any) -> tuple[Any, Any, Any]:
     """The update op of a moving-average shadow variable: (op, value it averages, 1 - decay)."""
     by_name = variables_by_name(graph)
     for op in graph.get_operations():
@@ -180,7 +180,7 @@ def shadow_update(graph, shadow):
     raise ValueError(f"no moving-average update of {shadow.op.name} in the graph")
 
 
-def dropouts(graph, tower_losses) -> list:
+def dropouts(graph: Any, tower_losses: Sequence[Any]) -> list[Dropout]:
     """Every `tf.nn.dropout` in the forward graph (gradients excluded), with its tower."""
     towers = Towers(tower_losses)
     out = []
@@ -198,7 +198,7 @@ def dropouts(graph, tower_losses) -> list:
     return out
 
 
-def fan_ins(tower_loss) -> list:
+def fan_ins(tower_loss: Any) -> list[int]:
     """The contraction size of each forward MatMul and Conv2D the loss depends on (one tower)."""
     sizes = []
     for op in ancestors([tower_loss]):
@@ -217,17 +217,18 @@ def fan_ins(tower_loss) -> list:
     return sizes
 
 
-def model_variables(graph, grads_and_vars, updates) -> list:
+def model_variables(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]],
+                    updates: Sequence[MovingUpdate]) -> list[Any]:
     """The model's variables in creation order: the trained ones and those UPDATE_OPS moves."""
     names = {v.op.name for _, v in grads_and_vars} | {u.variable.op.name for u in updates}
     with graph.as_default():
         return [v for v in tf1.global_variables() if v.op.name in names]
 
 
-_LIBRARIES = {}
+_LIBRARIES: dict[tuple[int, int], dict[str, Any]] = {}
 
 
-def functions_of(graph):
+def functions_of(graph: Any) -> dict[str, Any]:
     """{name: FunctionDef} of the graph's function library (the branches of its `cond`s), read once
     per graph and size (serialising a ResNet graph takes a second)."""
     key = (id(graph), graph.version)
@@ -237,7 +238,7 @@ def functions_of(graph):
     return _LIBRARIES[key]
 
 
-def batch_norm_epsilon(graph, statistic):
+def batch_norm_epsilon(graph: Any, statistic: Any) -> Optional[float]:
     """The epsilon of the batch norm that computed `statistic` (a batch mean or variance that a
     moving update reads): the FusedBatchNorm op itself, or the one inside the `cond` (If) whose output
     it is, found in the graph's function library.  None when it is not a fused batch norm."""
@@ -266,7 +267,7 @@ class StepFunction:
     in the program's own session when no op of that subgraph has a control input, else in a copy of
     the subgraph without them."""
 
-    def __init__(self, graph, tensor, global_step, sess=None):
+    def __init__(self, graph: Any, tensor: Any, global_step: Any, sess: Any = None) -> None:
         step_name = global_step.op.name
         stops, keep, stack, controlled = [], {}, [tensor.op], False
         while stack:
@@ -285,10 +286,10 @@ class StepFunction:
             self.sess, self.steps, self.out = sess, stops, tensor
         else:
             self.sess, self.steps, self.out = self.copy(graph, tensor, stops, keep)
-        self.cache = {}
+        self.cache: dict[float, float] = {}
 
     @staticmethod
-    def copy(graph, tensor, stops, keep):
+    def copy(graph: Any, tensor: Any, stops: list[Any], keep: dict[str, Any]) -> tuple[Any, list[Any], Any]:
         """(session, step placeholders, output) of the subgraph `keep` imported without control inputs."""
         graph_def = tf1.GraphDef()
         for op in keep.values():
@@ -307,7 +308,7 @@ class StepFunction:
                                           return_elements=[tensor.name], name="")
         return tf1.Session(graph=copied), steps, out
 
-    def __call__(self, step):
+    def __call__(self, step: float) -> float:
         if step not in self.cache:
             feed = {p: np.asarray(step, p.dtype.as_numpy_dtype) for p in self.steps}
             self.cache[step] = float(self.sess.run(self.out, feed))

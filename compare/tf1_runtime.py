@@ -11,27 +11,24 @@ file, runs
 and compares what this process writes back: the program's loss and averaged gradients, and the
 moving statistics after one training step (run `repeats` times from the same state, each run its own
 interleaving of the towers' updates), with the batch statistics each tower's update read.  The graph is
-built by the adapter's own LegacySide.build (compare.sides.LegacyRun), as in the harness's process.
+built by the adapter's own LegacySide.build (compare.legacy_run.LegacyRun), as in the harness's process.
 """
 import json
-import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
+import numpy as np
+import tensorflow.compat.v1 as tf
 
 
-def main(in_path, out_path):
+def main(in_path: str, out_path: str) -> None:
     tf.disable_v2_behavior()  # before any graph: the whole process on TF1's runtime
     tf.get_logger().setLevel("ERROR")
     import warnings
     warnings.filterwarnings("ignore", message="`layer.apply` is deprecated", category=UserWarning)
-    from compare import harness, sides as sides_module
+    from compare import harness
     from compare.interface import Batch
+    from compare.legacy_run import LegacyRun
 
     data = np.load(in_path, allow_pickle=True)
     meta = json.loads(str(data["meta"]))
@@ -40,12 +37,13 @@ def main(in_path, out_path):
     towers = int(meta["towers"])
     flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *pair.harness_argv(towers),
                                     *pairing.legacy_argv])
-    legacy = sides_module.LegacyRun(pair, flags, towers, meta["files"], int(meta["seed"]))
+    legacy = LegacyRun(pair, flags, towers, meta["files"], int(meta["seed"]))
     with legacy.graph.as_default():
         legacy.saver.restore(legacy.sess, meta["start"])
     batch = Batch(data["x"], data["y"])
     masks = [list(data[f"mask:{k}"]) for k in range(int(meta["dropouts"]))] or None
-    loss, grads = legacy.gradients(batch, masks)
+    first = legacy.gradients(batch, masks)
+    loss, grads = first.loss, first.gradients
     moving = sorted({u.variable.op.name for u in legacy.moving})
     start = legacy.state()
     repeats = int(meta.get("repeats", 1))
@@ -54,12 +52,12 @@ def main(in_path, out_path):
     out.update({f"grad:{n}": g for n, g in grads.items()})
     out.update({f"before:{n}": start.weights[n] for n in moving})
     for r in range(repeats):  # the same step again from the same state: each run its own interleaving
-        legacy.set_state(start, powers=False)
-        _, _, _, stats = legacy.train(batch, masks)
+        legacy.restore(start, powers=False)
+        stats = legacy.step(batch, masks).stats
         after = legacy.sess.run({n: legacy.by_name[n] for n in moving})
         out.update({f"after:{r}:{n}": v for n, v in after.items()})
         out.update({f"stat:{r}:{i}": s for i, s in enumerate(stats)})
-    np.savez(out_path, **out)
+    np.savez(out_path, **out)  # type: ignore[arg-type]  # numpy's stubs: values of every array-like kind
     legacy.close()
 
 

@@ -30,41 +30,67 @@ agreement; the free-running check measures that chaos.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from compare.interface import Batch
-from compare.report import EPS32, Tolerance, tensor_error
+from compare.report import EPS32, STATIC, Tolerance, tensor_error
+from compare.state import Masks
+
+if TYPE_CHECKING:
+    from compare.sides import Sides
 
 MARGIN = 16  # how far above the measured round-off floors a correct port may land
 
 
-def fan_in_estimate(fan_ins) -> float:
+@dataclasses.dataclass(frozen=True)
+class Tolerances:
+    """The tolerances of one built pairing, each with its derivation.
+
+    model: forward passes, gradients, splits, one training step, moving statistics, evaluation;
+    steps: K free-running steps of a model that is not chaotic; optimizer, schedule: the static ones
+    (compare.report.STATIC); spread: per gradient, the norm of the legacy program's repeat spread
+    (a floor of that tensor's comparison); tensors: per-tensor tolerances by name, where a tensor has
+    its own (`of(name)` falls back on the model tolerance)."""
+    model: Tolerance
+    steps: Tolerance
+    optimizer: Tolerance = STATIC["optimizer"]
+    schedule: Tolerance = STATIC["schedule"]
+    spread: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    tensors: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+
+    def of(self, name: str) -> Tolerance:
+        return self.tensors.get(name, self.model)
+
+
+def fan_in_estimate(fan_ins: Sequence[int]) -> float:
     return 2 * EPS32 * sum(math.sqrt(k) for k in fan_ins)
 
 
-def logits(sides, batch):
-    feed, tower_feed = sides.legacy.feed(batch, False)
-    return sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), feed)
+def logits(sides: Sides, batch: Batch) -> list[np.ndarray]:
+    fed = sides.legacy.feed(batch, False)
+    return sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), fed.feed_dict)
 
 
-def worst_rel(a_list, b_list):
+def worst_rel(a_list: Sequence[Any], b_list: Sequence[Any]) -> float:
     return max((tensor_error("", a, b).rel_l2 for a, b in zip(a_list, b_list) if np.size(b)), default=0.0)
 
 
-def derive(sides, steps: int) -> dict:
-    """{"model", "steps"} Tolerances for one built pairing (compare.sides.Sides), and the per-gradient
-    repeat spread ("spread": {name: ||difference||}), measured on its legacy side from the common start."""
+def derive(sides: Sides, steps: int) -> Tolerances:
+    """The Tolerances of one built pairing, measured on its legacy side from the common start: the
+    model tolerance, K steps' worth of it, and the per-gradient repeat spread."""
     legacy = sides.legacy
     batch = sides.batch(seed=97)
     moved = Batch(np.nextafter(batch.x, np.float32(np.inf)) if np.issubdtype(batch.x.dtype, np.floating)
                   else batch.x, batch.y)
-    legacy.set_state(sides.start)
+    legacy.restore(sides.start)
     masks = fixed_masks(sides, batch)
     out_a, out_b, out_m = logits(sides, batch), logits(sides, batch), logits(sides, moved)
-    loss_a, grads_a = legacy.gradients(batch, masks)
-    loss_b, grads_b = legacy.gradients(batch, masks)
+    first, again = legacy.gradients(batch, masks), legacy.gradients(batch, masks)
+    loss_a, grads_a, loss_b, grads_b = first.loss, first.gradients, again.loss, again.gradients
     loss_m = float(legacy.run(legacy.lg.loss, moved, True, masks))
     s_logits = worst_rel(out_m, out_a)
     s_loss = tensor_error("", loss_m, loss_a).rel_l2
@@ -74,18 +100,18 @@ def derive(sides, steps: int) -> dict:
     how = (f"{MARGIN} x max(1-ulp input sensitivity: logits {s_logits:.2g}, training loss {s_loss:.2g}; repeat "
            f"spread {repeat:.2g}; eps32); for scale: the fan-in estimate {fan_in_estimate(legacy.fan_ins):.2g} "
            f"({len(legacy.fan_ins)} layers)")
-    return {"model": Tolerance("model", model, how),
-            "steps": Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
-            "spread": spread}
+    return Tolerances(model=Tolerance("model", model, how),
+                      steps=Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
+                      spread=spread)
 
 
-def fixed_masks(sides, batch):
+def fixed_masks(sides: Sides, batch: Batch) -> Masks:
     """Dropout noise for the legacy towers that does not change between runs (one seeded draw), so
     that two runs differ only by what is measured."""
     legacy = sides.legacy
     if not legacy.dropouts:
         return None
-    _, tower_feed = legacy.feed(batch, True)
+    tower_feed = legacy.feed(batch, True).towers
     rng = np.random.RandomState(sides.seed + 7)
     masks = []
     for k in range(max(legacy.dropout_index(d) for d in legacy.dropouts) + 1):

@@ -1,0 +1,9 @@
+"""Program pairs written in other styles than this repository's two, judged by the same harness.
+
+Importing the package quiets TensorFlow's C++ log below warnings (TF_CPP_MIN_LOG_LEVEL 2, unless the
+caller set it) before TensorFlow loads, when a program starts through the package (`python -m examples...`,
+the console scripts, the tests).
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -43,31 +43,33 @@ log lines are in English and add examples/sec and an ETA.
 
 On a machine without GPUs each tower runs on its own virtual CPU device (`legacy/towers.py`).
 """
+from __future__ import annotations
+
+import argparse
 import os
 import sys
 import time
 import types
 import warnings
+from typing import Any, NamedTuple, Optional, Sequence
 
-if __package__ in (None, ""):  # run as `python legacy/cifar_resnet.py`: make `legacy`, `records` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The original pinned os.environ["CUDA_VISIBLE_DEVICES"] = "0, 1"; the port leaves the GPUs to the user
 # and places towers with towers.tower_devices (GPUs, shared round robin when fewer than towers;
 # virtual CPU devices without any).
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from legacy import towers  # noqa: E402  (installs the tf-slim compatibility alias first)
-from legacy.towers import average_gradients  # noqa: E402  (the original: from prepared_functions import ...)
-from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
-import tf_slim as slim  # noqa: E402
-from tf_slim import nets  # noqa: E402  (the original: tensorflow.contrib.slim.nets)
-from records import cifar10  # noqa: E402
-from records.progress import progress  # noqa: E402
-from records.cifar10 import parser_tfrecords, preprocess_for_test  # noqa: E402  (were utils.*)
+from legacy import towers  # installs the tf-slim compatibility alias first
+from legacy.towers import average_gradients  # the original: from prepared_functions import ...
+from legacy.runtime import UsageError, check_writable, run_main
+from records.usage import ArgumentParser, at_least, fraction
+import tensorflow.compat.v1 as tf
+import tf_slim as slim
+from tf_slim import nets  # the original: tensorflow.contrib.slim.nets
+from records import cifar10
+from records.progress import progress
+from records.cifar10 import parser_tfrecords, preprocess_for_test  # were utils.*
 
 """
 ""net parameters (the original's constants; each is a flag below)
@@ -102,7 +104,7 @@ EMBEDDED_PROFILE = cifar10.EMBEDDED_PROFILE  # batch_size 16, valid_batch_size 5
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--towers", "--num_towers", "--num_gpus", dest="num_towers", type=at_least(1),
                    default=num_gpus, metavar="N",
@@ -147,8 +149,19 @@ def parse_args(argv=None):
 """
 
 
-def make_datasets(train_tfrecords, test_tfrecords, batch_size, valid_batch_size, shuffle_buffer, num_epochs):
-    """The original's two pipelines; returns (iterator, image_batch, label_batch, val_iterator, ...)."""
+class Pipelines(NamedTuple):
+    """The original's two pipelines: each iterator and the batch it gives (labels one-hot)."""
+    iterator: Any
+    image_batch: Any
+    label_batch: Any
+    val_iterator: Any
+    val_image_batch: Any
+    val_label_batch: Any
+
+
+def make_datasets(train_tfrecords: Sequence[str], test_tfrecords: Sequence[str], batch_size: int,
+                  valid_batch_size: int, shuffle_buffer: int, num_epochs: int) -> Pipelines:
+    """The original's two pipelines."""
     dataset = tf.data.TFRecordDataset(train_tfrecords)
     dataset = dataset.map(parser_tfrecords)
     # Quirk kept: the original preprocesses TRAINING images with preprocess_for_test (no augmentation).
@@ -173,7 +186,7 @@ def make_datasets(train_tfrecords, test_tfrecords, batch_size, valid_batch_size,
     val_iterator = tf.data.make_initializable_iterator(val_dataset)
     val_image_batch, val_label_batch = val_iterator.get_next()
     val_label_batch = tf.one_hot(indices=tf.cast(val_label_batch, tf.int32), depth=num_classes)
-    return iterator, image_batch, label_batch, val_iterator, val_image_batch, val_label_batch
+    return Pipelines(iterator, image_batch, label_batch, val_iterator, val_image_batch, val_label_batch)
 
 
 """
@@ -181,8 +194,10 @@ def make_datasets(train_tfrecords, test_tfrecords, batch_size, valid_batch_size,
 """
 
 
-def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, boundaries=boundaries,
-                values=values, num_classes=num_classes, image_size=image_size, devices=None):
+def build_graph(num_towers: int = num_gpus, split: str = "fix", static_batch_size: Optional[int] = None,
+                boundaries: Sequence[int] = boundaries, values: Sequence[float] = values,
+                num_classes: int = num_classes, image_size: int = image_size,
+                devices: Optional[Sequence[str]] = None) -> types.SimpleNamespace:
     """Build the original's training graph in the default graph; return its tensors by name.
 
     Call inside `with tf.Graph().as_default():`.  `split` decides how the fed batch reaches the
@@ -280,7 +295,17 @@ def build_graph(num_towers=num_gpus, split="fix", static_batch_size=None, bounda
     return g
 
 
-def placeholders(g, split, static_batch_size, num_towers, image_size, num_classes):
+class Placeholders(NamedTuple):
+    """The original's placeholders (current_batch_size a constant under --split=static)."""
+    inputs: Any
+    labels: Any
+    keep_prob: Any
+    is_training: Any
+    current_batch_size: Any
+
+
+def placeholders(g: types.SimpleNamespace, split: str, static_batch_size: Optional[int], num_towers: int,
+                 image_size: int, num_classes: int) -> Placeholders:
     """The original's placeholders (inputs, labels, keep_prob, is_training, current_batch_size),
     with --split's variations: 'static' makes current_batch_size a constant, 'weighted' adds
     g.tower_starts, g.tower_sizes, g.tower_weights."""
@@ -298,10 +323,10 @@ def placeholders(g, split, static_batch_size, num_towers, image_size, num_classe
         g.tower_starts = tf.placeholder(tf.int32, [num_towers], name="tower_starts")
         g.tower_sizes = tf.placeholder(tf.int32, [num_towers], name="tower_sizes")
         g.tower_weights = tf.placeholder(tf.float32, [num_towers], name="tower_weights")
-    return inputs, labels, keep_prob, is_training, current_batch_size
+    return Placeholders(inputs, labels, keep_prob, is_training, current_batch_size)
 
 
-def restore_list():
+def restore_list() -> tuple[list[Any], Optional[list[str]]]:
     """ Restore resnet50: the model variables outside checkpoint_exclude_scopes, and those scopes
     (the Saver is made by the caller)."""
     exclusions = None
@@ -311,7 +336,7 @@ def restore_list():
     variables_to_restore = []
     for var in slim.get_model_variables():
         excluded = False
-        for exclusion in exclusions:
+        for exclusion in exclusions:  # type: ignore[union-attr]  # None only if checkpoint_exclude_scopes were empty
             if var.op.name.startswith(exclusion):
                 excluded = True
         if not excluded:
@@ -319,7 +344,8 @@ def restore_list():
     return variables_to_restore, exclusions
 
 
-def tower_loss(g, inputs, labels, is_training, keep_prob, num_classes=num_classes):
+def tower_loss(g: types.SimpleNamespace, inputs: Any, labels: Any, is_training: Any, keep_prob: Any,
+               num_classes: int = num_classes) -> tuple[Any, Any]:
     """One tower: ResNet-v2-50 on the tower's rows, the dropout and fc head, the mean cross-entropy.
 
     The original's inline tower body (the `tower_loss` of TF's cifar10_multi_gpu_train), creating
@@ -347,7 +373,7 @@ def tower_loss(g, inputs, labels, is_training, keep_prob, num_classes=num_classe
     return logits, tf.reduce_mean(losses)
 
 
-def _dropout_noise(tower_logits_scope):
+def _dropout_noise(tower_logits_scope: str) -> Any:
     """The uniform [0, 1) noise tensor inside this tower's slim.dropout (`<Logits scope>/scope/dropout/`)."""
     prefix = tower_logits_scope + "/scope/dropout/"
     ops = [op for op in tf.get_default_graph().get_operations()
@@ -357,7 +383,8 @@ def _dropout_noise(tower_logits_scope):
     return ops[0].outputs[0]
 
 
-def tower_split(g, rows, split=None, static_batch_size=None):
+def tower_split(g: types.SimpleNamespace, rows: int, split: Optional[str] = None,
+                static_batch_size: Optional[int] = None) -> towers.TowerSplit:
     """The `towers.TowerSplit` of a batch of `rows` rows fed to graph `g` under `split` (default: g's)."""
     split = split or g.split
     allowed = {"fix": ("fix", "static"), "static": ("static",), "weighted": ("weighted",)}[g.split]
@@ -366,7 +393,8 @@ def tower_split(g, rows, split=None, static_batch_size=None):
     return towers.split_rows(rows, g.num_towers, split, static_batch_size or g.static_batch_size)
 
 
-def make_feed(g, batch_x, batch_y, training, keep_prob, split=None, static_batch_size=None):
+def make_feed(g: types.SimpleNamespace, batch_x: ArrayLike, batch_y: ArrayLike, training: bool, keep_prob: float,
+              split: Optional[str] = None, static_batch_size: Optional[int] = None) -> tuple[dict[Any, Any], int]:
     """The feed_dict for one batch, as the original builds `train_dict` / `valid_dict`.
 
     split (default: the graph's): 'fix' feeds current_batch_size = rows // num_towers (the
@@ -390,7 +418,8 @@ def make_feed(g, batch_x, batch_y, training, keep_prob, split=None, static_batch
 """
 
 
-def restore_pretrained(sess, saver_restore, path, variables_to_restore, explicit=True):
+def restore_pretrained(sess: Any, saver_restore: Any, path: Optional[str], variables_to_restore: Sequence[Any],
+                       explicit: bool = True) -> bool:
     """Restore `variables_to_restore` (all model variables but Logits) from the checkpoint at `path`.
 
     Port: the names and shapes are checked first (`tf.train.list_variables`), and a mismatch is a
@@ -428,11 +457,11 @@ def restore_pretrained(sess, saver_restore, path, variables_to_restore, explicit
     return True
 
 
-def _some(names, limit=8):
+def _some(names: Sequence[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def log(message):
+def log(message: str) -> None:
     print(message, flush=True)
 
 
@@ -441,7 +470,8 @@ def log(message):
 """
 
 
-def describe_split(step, cut, split, static_batch_size=None, what="train"):
+def describe_split(step: int, cut: towers.TowerSplit, split: str, static_batch_size: Optional[int] = None,
+                   what: str = "train") -> Optional[str]:
     """The log line for a batch the split does not hand out evenly, or None when it does."""
     prefix = f"step {step} ({what}): batch of {cut.rows} rows over {len(cut.sizes)} towers"
     if split == "weighted":
@@ -468,7 +498,7 @@ ONEDNN_NOTE = ("this CPU build's oneDNN Conv2D mishandles an empty batch (it ret
                "TF_ENABLE_ONEDNN_OPTS=0, the loss is NaN")
 
 
-def run_batch(sess, fetches, feed, cut, step):
+def run_batch(sess: Any, fetches: Any, feed: dict[Any, Any], cut: towers.TowerSplit, step: int) -> Optional[Any]:
     """sess.run, except that the original's empty-tower failure under --split=static is reported, not raised.
 
     Returns the fetched values, or None when the step could not run because of an empty tower.
@@ -485,7 +515,7 @@ def run_batch(sess, fetches, feed, cut, step):
         return None
 
 
-def check_finite(tower_losses, step, split, cut):
+def check_finite(tower_losses: Sequence[float], step: int, split: str, cut: towers.TowerSplit) -> None:
     """Port: a NaN loss stops training (UsageError naming step and towers), except under --split=static."""
     bad = [i for i, value in enumerate(tower_losses) if not np.isfinite(value)]
     if not bad:
@@ -499,7 +529,8 @@ def check_finite(tower_losses, step, split, cut):
                        f"Try a lower learning rate (--values) or check the input data")
 
 
-def validate(sess, g, val_iterator, val_image_batch, val_label_batch, valid_writer, step, split):
+def validate(sess: Any, g: types.SimpleNamespace, val_iterator: Any, val_image_batch: Any, val_label_batch: Any,
+             valid_writer: Any, step: int, split: str) -> tuple[float, float]:
     """The original's validation pass: mean over batches of tower-0 accuracy and last-tower loss."""
     sess.run(val_iterator.initializer)
     acc_reg = []
@@ -527,7 +558,7 @@ def validate(sess, g, val_iterator, val_image_batch, val_label_batch, valid_writ
     return float(np.mean(np.array(acc_reg))), float(np.mean(np.array(loss_reg)))
 
 
-def resolve_data(args):
+def resolve_data(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """Which TFRecords to read, and the profile (embedded or original) filling unset flags."""
     train, test, embedded = cifar10.resolve_files(args.data_dir, args.train_tfrecords, args.test_tfrecords,
                                                   EMBEDDED_DATA_DIR)
@@ -539,7 +570,7 @@ def resolve_data(args):
     return train, test
 
 
-def session_config(num_towers, grappler="auto", devices=None):
+def session_config(num_towers: int, grappler: str = "auto", devices: Optional[Sequence[str]] = None) -> Any:
     """`towers.session_config` (the original's allow_soft_placement, plus virtual CPUs for the towers).
 
     Port: with grappler "auto" the graph optimizer (grappler) is switched off when the towers are on
@@ -555,7 +586,7 @@ def session_config(num_towers, grappler="auto", devices=None):
     return config
 
 
-def check_inputs(args):
+def check_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
     """What can be refused before the graph is built: the data files (counted), the step count
     and the output folders.  Returns (train files, valid files, total steps)."""
     train_tfrecords, test_tfrecords = resolve_data(args)
@@ -577,7 +608,10 @@ def check_inputs(args):
     return train_tfrecords, test_tfrecords, total_steps
 
 
-def validate_and_keep_best(sess, g, saver, models_path, valid, step, split, best):
+def validate_and_keep_best(sess: Any, g: types.SimpleNamespace, saver: Any, models_path: str,
+                           valid: tuple[Any, Any, Any, Any], step: int, split: str,
+                           best: tuple[float, Optional[int], Optional[str]]
+                           ) -> tuple[float, Optional[int], Optional[str]]:
     """The original's validation block: the whole validation set, its three lines, and the model
     saved when it beats the best so far.  valid: (val_iterator, images, labels, writer);
     best: (accuracy, step, path), returned updated."""
@@ -597,7 +631,7 @@ def validate_and_keep_best(sess, g, saver, models_path, valid, step, split, best
     return best
 
 
-def train(args):
+def train(args: argparse.Namespace) -> int:
     train_tfrecords, test_tfrecords, total_steps = check_inputs(args)
     models_path = os.path.join(args.model_dir, "train-model.ckpt")  # saver path
     logs_train_dir = os.path.join(args.log_dir, "train")
@@ -689,7 +723,7 @@ def train(args):
     return 0
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.tf1_behavior:
         tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime

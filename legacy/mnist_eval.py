@@ -18,23 +18,23 @@ Defaults: MODEL_SAVE_PATH and MOVING_AVERAGE_DECAY as the trainer's.  The book's
 re-evaluates the newest checkpoint every EVAL_INTERVAL_SECS (10) forever; here it evaluates once
 unless `--eval_interval_secs` is given (then it loops like the book, until interrupted).
 """
-import os
+from __future__ import annotations
+
+import argparse
 import sys
 import time
+from typing import Optional, Sequence
 
-if __package__ in (None, ""):  # `python legacy/mnist_eval.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ start-up notices
+import numpy as np
+import tensorflow.compat.v1 as tf
 
-import tensorflow.compat.v1 as tf  # noqa: E402
-
-from legacy import mnist_inference  # noqa: E402
-from legacy.runtime import UsageError, run_main  # noqa: E402
-from records import mnist as mnist_records  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
+from legacy import mnist_inference
+from legacy.runtime import UsageError, run_main
+from records import mnist as mnist_records
+from records.usage import ArgumentParser, at_least, fraction
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model_save_path", default="logs_and_models/", help="MODEL_SAVE_PATH of the trainer")
     p.add_argument("--moving_average_decay", type=fraction(), default=0.99, help="MOVING_AVERAGE_DECAY")
@@ -47,7 +47,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def evaluate_checkpoint(images, labels, model_save_path, moving_average_decay=0.99):
+def evaluate_checkpoint(images: np.ndarray, labels: np.ndarray, model_save_path: str,
+                        moving_average_decay: float = 0.99) -> tuple[str, float]:
     """Restore the latest checkpoint's moving averages and return (global step string, accuracy)."""
     with tf.Graph().as_default():
         x = tf.placeholder(tf.float32, [None, mnist_inference.INPUT_NODE], name='x-input')
@@ -79,7 +80,7 @@ def evaluate_checkpoint(images, labels, model_save_path, moving_average_decay=0.
             return global_step, float(sess.run(accuracy, feed_dict=validate_feed))
 
 
-def evaluate(args):
+def evaluate(args: argparse.Namespace) -> float:
     try:
         data_path = args.data_path or mnist_records.ensure_default_data().eval
         images, labels = mnist_records.load_tfrecords(data_path)
@@ -97,7 +98,7 @@ def evaluate(args):
         time.sleep(args.eval_interval_secs)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     return run_main(evaluate, args)
 

@@ -10,6 +10,10 @@ The original (the book's MNIST multi-GPU example) does `import mnist_inference` 
 - `l2_regularizer` replaces `tf.contrib.layers.l2_regularizer` (tf.contrib is gone), with the same
   value: `scale * sum(w**2) / 2`.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
 import tensorflow.compat.v1 as tf
 
 # The network's shape.
@@ -18,7 +22,7 @@ OUTPUT_NODE = 10
 LAYER1_NODE = 500
 
 
-def l2_regularizer(scale):
+def l2_regularizer(scale: float) -> Callable[[Any], Any]:
     """`tf.contrib.layers.l2_regularizer(scale)`, which TF 2 no longer has.
 
     Returns a function `w -> scale * tf.nn.l2_loss(w) = scale * sum(w**2) / 2`.  Mind the 1/2:
@@ -30,7 +34,7 @@ def l2_regularizer(scale):
     if scale < 0.0:
         raise ValueError(f"Setting a scale less than 0 on a regularizer: {scale}")
 
-    def l2(weights):
+    def l2(weights: Any) -> Any:
         with tf.name_scope(None, 'l2_regularizer', [weights]) as name:
             my_scale = tf.convert_to_tensor(scale, dtype=weights.dtype.base_dtype, name='scale')
             return tf.multiply(my_scale, tf.nn.l2_loss(weights), name=name)
@@ -38,7 +42,7 @@ def l2_regularizer(scale):
     return l2
 
 
-def get_weight_variable(shape, regularizer):
+def get_weight_variable(shape: Sequence[int], regularizer: Optional[Callable[[Any], Any]]) -> Any:
     """A weight matrix (truncated normal, stddev 0.1); its regularisation loss goes to 'losses'."""
     weights = tf.get_variable(
         "weights", shape, initializer=tf.truncated_normal_initializer(stddev=0.1))
@@ -48,7 +52,7 @@ def get_weight_variable(shape, regularizer):
     return weights
 
 
-def inference(input_tensor, regularizer):
+def inference(input_tensor: Any, regularizer: Optional[Callable[[Any], Any]]) -> Any:
     """The forward pass: 784 -> 500 (relu) -> 10 logits."""
     with tf.variable_scope('layer1'):
         weights = get_weight_variable([INPUT_NODE, LAYER1_NODE], regularizer)

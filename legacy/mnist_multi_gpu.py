@@ -35,30 +35,31 @@ Where the port differs, and why (each also commented in place):
   (exit code 2); running out of data (repeat 10) stops training with a message, as a clean end.
   The log lines add an ETA.
 """
+from __future__ import annotations
+
+import argparse
 import os
 import sys
 import time
 from datetime import datetime
 from types import SimpleNamespace
+from typing import Any, Callable, Optional, Sequence
 
-if __package__ in (None, ""):  # `python legacy/mnist_multi_gpu.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ start-up notices
 
-import tensorflow.compat.v1 as tf  # noqa: E402
+import tensorflow.compat.v1 as tf
 
-from legacy import mnist_inference  # noqa: E402
-from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
-from legacy.towers import average_gradients, placement_message, session_config, tower_devices  # noqa: E402
-from records import mnist as mnist_records  # noqa: E402
-from records.progress import progress  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
+from legacy import mnist_inference
+from legacy.runtime import UsageError, check_writable, run_main
+from legacy.towers import average_gradients, placement_message, session_config, tower_devices
+from records import mnist as mnist_records
+from records.progress import progress
+from records.usage import ArgumentParser, at_least, fraction
 
 
 # ----------------------------------------------------------------------------------------------
 # Parameters: the original's constants, one flag each.
 # ----------------------------------------------------------------------------------------------
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch_size", type=at_least(1), default=100, help="BATCH_SIZE, per tower")
     p.add_argument("--learning_rate_base", type=float, default=0.001, help="LEARNING_RATE_BASE")
@@ -91,7 +92,7 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------
 # Data: the original's TFRecord input pipeline.
 # ----------------------------------------------------------------------------------------------
-def get_input(data_path, batch_size, num_batches=1):
+def get_input(data_path: str, batch_size: int, num_batches: int = 1) -> list[tuple[Any, Any]]:
     """The original's `get_input`: parse, shuffle 10000, repeat 10, batch, one-shot iterator.
 
     Returns a list of `num_batches` (features, labels) pairs, one `get_next()` each, all from the
@@ -110,7 +111,8 @@ def get_input(data_path, batch_size, num_batches=1):
 # ----------------------------------------------------------------------------------------------
 # Loss of one tower.
 # ----------------------------------------------------------------------------------------------
-def get_loss(x, y_, regularizer, scope, reuse_variables=None):
+def get_loss(x: Any, y_: Any, regularizer: Optional[Callable[[Any], Any]], scope: Optional[str],
+             reuse_variables: Optional[bool] = None) -> tuple[Any, Any, Any]:
     """The original's `get_loss`: cross-entropy plus *this tower's* regularisation losses.
 
     Every tower's `inference` adds its own copies of the l2 terms to the 'losses' collection;
@@ -129,9 +131,10 @@ def get_loss(x, y_, regularizer, scope, reuse_variables=None):
 # ----------------------------------------------------------------------------------------------
 # The training graph (everything in the original's `main` between the input and the Saver).
 # ----------------------------------------------------------------------------------------------
-def build_train_graph(tower_inputs, regularization_rate=0.0001, learning_rate_base=0.001,
-                      learning_rate_decay=0.99, decay_steps=60000 / 100, moving_average_decay=0.99,
-                      ordered_ema=False, devices=None):
+def build_train_graph(tower_inputs: Sequence[tuple[Any, Any]], regularization_rate: float = 0.0001,
+                      learning_rate_base: float = 0.001, learning_rate_decay: float = 0.99,
+                      decay_steps: float = 60000 / 100, moving_average_decay: float = 0.99,
+                      ordered_ema: bool = False, devices: Optional[Sequence[str]] = None) -> SimpleNamespace:
     """Build the original's training graph in the current default graph.
 
     Args:
@@ -214,7 +217,7 @@ def build_train_graph(tower_inputs, regularization_rate=0.0001, learning_rate_ba
 # ----------------------------------------------------------------------------------------------
 # Checks that turn bad input into one clear paragraph.
 # ----------------------------------------------------------------------------------------------
-def resolve_data_path(data_path):
+def resolve_data_path(data_path: Optional[str]) -> tuple[str, int]:
     """The data file to train on (the embedded default when None) and its number of examples."""
     try:
         if data_path is None:
@@ -225,11 +228,10 @@ def resolve_data_path(data_path):
     return data_path, len(images)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The main training process.
 # ----------------------------------------------------------------------------------------------
-def train(args):
+def train(args: argparse.Namespace) -> None:
     data_path, num_examples = resolve_data_path(args.data_path)
     check_writable(args.model_save_path, "--model_save_path")
     n_gpu = args.num_gpus
@@ -304,7 +306,7 @@ def train(args):
     print(f"checkpoints and events in {args.model_save_path}")
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.tf1_behavior:
         tf.disable_v2_behavior()  # before any graph is built: the whole process runs TF1's runtime

@@ -7,17 +7,22 @@
 UsageError and check_writable are `records/usage.py`'s, the modern programs' too; the modern
 `main` wrapper is in `modern/runtime.py`.
 """
+from __future__ import annotations
+
+import argparse
 import sys
+from typing import Any, Callable
 
 from records.usage import UsageError, check_writable  # noqa: F401 (re-exported: the legacy programs import them here)
 
 
-def run_main(program, args, also=()):
+def run_main(program: Callable[[argparse.Namespace], Any], args: argparse.Namespace,
+             also: tuple[type[Exception], ...] = ()) -> int:
     """`program(args)` -> exit code 0; UsageError (and the exception types in `also`, the data
     modules' own) -> one line on stderr, exit code 2."""
     try:
         program(args)
-    except (UsageError, *also) as error:
+    except (UsageError, *also) as error:  # type: ignore[misc]  # mypy rejects a starred except tuple; valid Python
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -27,9 +27,13 @@ today.  Nothing is copied, wrapped or edited: the code that runs is TensorFlow's
 
 Every fix is idempotent and does nothing where the old name still resolves.
 """
+from __future__ import annotations
+
 import importlib
 import os
 import sys
+import types
+from typing import Optional
 
 OLD = "tf_keras.legacy_tf_layers"
 NEW = "tf_keras.src.legacy_tf_layers"
@@ -68,7 +72,7 @@ V1_MODULES = ("tensorflow.compat.v1", "tensorflow._api.v2.compat.v1",
               "tensorflow._api.v2.compat.v1.compat.v1", "tensorflow._api.v2.compat.v2.compat.v1")
 
 
-def install_legacy_tf_layers():
+def install_legacy_tf_layers() -> types.ModuleType:
     """Alias `tf_keras.legacy_tf_layers[.*]` to `tf_keras.src.legacy_tf_layers[.*]`.
 
     Returns the module now registered under the old name.
@@ -84,7 +88,7 @@ def install_legacy_tf_layers():
     return package
 
 
-def restore_moved_names():
+def restore_moved_names() -> list[str]:
     """Put each name of `MOVED` back on the module tf-slim reads it from.
 
     Returns the `module.name` strings it restored (empty where TensorFlow still has them all).
@@ -100,7 +104,7 @@ def restore_moved_names():
     return restored
 
 
-def route_v1_layers():
+def route_v1_layers() -> Optional[types.ModuleType]:
     """Point `tf.compat.v1.layers` at tf-keras' legacy layers, unless Keras 2 already serves it.
 
     Returns the module `tf.compat.v1.layers` now is, or None where nothing was changed.
@@ -114,14 +118,14 @@ def route_v1_layers():
     layers = importlib.import_module(V1_LAYERS)
     for name in V1_MODULES:
         if name in sys.modules:
-            sys.modules[name].layers = layers
+            sys.modules[name].layers = layers  # type: ignore[attr-defined]  # a module attribute, set at run time
     # `import tensorflow.compat.v1.layers` and `from tensorflow.compat.v1.layers import dense`.
     sys.modules["tensorflow.compat.v1.layers"] = layers
     sys.modules["tensorflow._api.v2.compat.v1.layers"] = layers
     return layers
 
 
-def install():
+def install() -> types.ModuleType:
     """Apply all three fixes.  Idempotent; returns the `tf_keras.legacy_tf_layers` package."""
     package = install_legacy_tf_layers()
     restore_moved_names()

@@ -9,10 +9,14 @@ The originals place tower i on `/gpu:i`.  Where the port must go further:
   the executor treat as separate devices, so the graph has the same structure (and the same
   cross-device copies) as on n GPUs.
 """
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
 import tensorflow.compat.v1 as tf
 
 
-def tower_devices(num_towers):
+def tower_devices(num_towers: int) -> list[str]:
     """Device strings for the towers: `/gpu:i` with enough GPUs, `/gpu:{i % G}` with G fewer
     (round robin: 2 towers on 1 GPU are `/gpu:0, /gpu:0`), `/cpu:i` without any."""
     gpus = tf.config.list_physical_devices("GPU")
@@ -21,7 +25,7 @@ def tower_devices(num_towers):
     return [f"/cpu:{i}" for i in range(num_towers)]
 
 
-def session_config(num_towers, log_device_placement=False):
+def session_config(num_towers: int, log_device_placement: bool = False) -> Any:
     """The original's `ConfigProto(allow_soft_placement=True)`, plus enough virtual CPUs for the towers."""
     config = tf.ConfigProto(
         allow_soft_placement=True,
@@ -32,7 +36,7 @@ def session_config(num_towers, log_device_placement=False):
     return config
 
 
-def placement_message(devices):
+def placement_message(devices: Sequence[str]) -> str:
     """One log line saying where the towers are."""
     if devices and devices[0].startswith("/gpu"):
         gpus = sorted(set(devices))
@@ -46,7 +50,7 @@ def placement_message(devices):
             f"({', '.join(devices)})")
 
 
-def average_gradients(tower_grads):
+def average_gradients(tower_grads: Sequence[Sequence[tuple[Any, Any]]]) -> list[tuple[Any, Any]]:
     """The originals' `average_gradients`: the mean over towers of each variable's gradient.
 
     tower_grads: one list of (gradient, variable) pairs per tower, as `compute_gradients` returns.
@@ -88,19 +92,20 @@ class TowerSplit:
     (a 'weighted' tower padded with a weight-0 row is counted in `padded` instead).
     """
 
-    def __init__(self, rows, starts, sizes, weights, padded=()):
+    def __init__(self, rows: int, starts: Iterable[int], sizes: Iterable[int], weights: Iterable[float],
+                 padded: Iterable[int] = ()) -> None:
         self.rows, self.starts, self.sizes, self.weights = rows, list(starts), list(sizes), list(weights)
         self.padded = list(padded)
         used = sum(s for i, s in enumerate(self.sizes) if i not in self.padded)
         self.dropped = rows - used
         self.empty = [i for i, s in enumerate(self.sizes) if s == 0]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"TowerSplit(rows={self.rows}, starts={self.starts}, sizes={self.sizes}, "
                 f"weights={self.weights}, dropped={self.dropped}, empty={self.empty}, padded={self.padded})")
 
 
-def split_rows(rows, num_towers, mode="fix", static_batch_size=None):
+def split_rows(rows: int, num_towers: int, mode: str = "fix", static_batch_size: Optional[int] = None) -> TowerSplit:
     """Which rows of a batch of `rows` each of `num_towers` towers gets, under split `mode`.
 
     `static_batch_size` is the constant per-tower size of mode 'static' (the original's batch_size / 2).
@@ -134,7 +139,8 @@ def split_rows(rows, num_towers, mode="fix", static_batch_size=None):
     raise SplitError(f"unknown split {mode!r}: choose one of {', '.join(SPLITS)}")
 
 
-def weighted_average_gradients(tower_grads, tower_weights):
+def weighted_average_gradients(tower_grads: Sequence[Sequence[tuple[Any, Any]]],
+                               tower_weights: Sequence[Any]) -> list[tuple[Any, Any]]:
     """sum_i w_i * grad_i per variable: `average_gradients` with weights instead of 1/N.
 
     tower_grads as for `average_gradients`; tower_weights: one scalar (tensor or float) per tower,

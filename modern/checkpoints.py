@@ -41,12 +41,16 @@ head of slim's published checkpoint that the original's `resnet_v2_50(num_classe
 (the legacy `Saver(var_list=...)` restore skips it the same way). Anything else that does not
 match is an error listing the names.
 """
+from __future__ import annotations
+
 import dataclasses
 import os
 import sys
+from typing import Any, Container, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from records.usage import ArgumentParser, at_least
 
@@ -66,11 +70,11 @@ class CheckpointMismatchError(ValueError):
 @dataclasses.dataclass
 class LoadReport:
     """What `load_tf1_checkpoint` did with each checkpoint entry (names, sorted)."""
-    loaded: list
-    excluded: list          # model variables left untouched (exclude_scopes)
-    ignored: list           # checkpoint entries that are not model weights (slots, counters, ...)
+    loaded: list[str]
+    excluded: list[str]     # model variables left untouched (exclude_scopes)
+    ignored: list[str]      # checkpoint entries that are not model weights (slots, counters, ...)
 
-    def summary(self):
+    def summary(self) -> str:
         lines = [f"loaded {len(self.loaded)} variables",
                  f"left untouched (excluded scopes): {len(self.excluded)}"]
         lines += [f"  {name}" for name in self.excluded]
@@ -80,12 +84,12 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _in_scope(name, scopes):
+def _in_scope(name: str, scopes: Iterable[str]) -> bool:
     """slim's exclusion test in the original: `var.op.name.startswith(exclusion)`."""
     return any(name.startswith(scope) for scope in scopes)
 
 
-def tf1_variable_map(model):
+def tf1_variable_map(model: Any) -> dict[str, Any]:
     """Map each TF1 checkpoint name to the modern model's variable: dict[str, keras.Variable].
 
     `model` is a built `modern.resnet_v2.ResNetV2_50`. Raises if a model variable is left unnamed
@@ -129,7 +133,7 @@ def tf1_variable_map(model):
     return names
 
 
-def _checkpoint_prefix(path):
+def _checkpoint_prefix(path: str) -> str:
     """A checkpoint prefix as given, or the latest one named by a directory's `checkpoint` file."""
     if not os.path.isdir(path):
         return path
@@ -139,7 +143,7 @@ def _checkpoint_prefix(path):
     return latest
 
 
-def _is_bookkeeping(name, weight_names):
+def _is_bookkeeping(name: str, weight_names: Container[str]) -> bool:
     """Optimizer slots (`<weight>/<slot>`), training counters, slim's ImageNet head."""
     if name in TRAINING_COUNTERS or _in_scope(name, [SLIM_IMAGENET_HEAD + "/"]):
         return True
@@ -151,7 +155,7 @@ def _is_bookkeeping(name, weight_names):
     return False
 
 
-def load_tf1_checkpoint(model, path, exclude_scopes=()):
+def load_tf1_checkpoint(model: Any, path: str, exclude_scopes: Union[str, Sequence[str]] = ()) -> LoadReport:
     """Copy a TF1 checkpoint's values into the built modern `model`, checking names and shapes.
 
     Args:
@@ -179,7 +183,8 @@ def load_tf1_checkpoint(model, path, exclude_scopes=()):
     mismatched = sorted(f"{n}: checkpoint {list(shapes[n])} vs model {list(v.shape)}"
                         for n, v in wanted.items()
                         if n in shapes and tuple(shapes[n]) != tuple(v.shape))
-    ignored, unexpected = [], []
+    ignored: list[str] = []
+    unexpected: list[str] = []
     for name in sorted(shapes):
         if name in names or _in_scope(name, exclude_scopes):
             continue
@@ -199,7 +204,7 @@ def load_tf1_checkpoint(model, path, exclude_scopes=()):
                       excluded=sorted(n for n in names if n not in wanted))
 
 
-def save_tf1_checkpoint(model, path):
+def save_tf1_checkpoint(model: Any, path: str) -> str:
     """Write the model's values as a TF1 checkpoint at prefix `path`, with exactly slim's names.
 
     `tf.train.list_variables` then shows `resnet_v2_50/conv1/weights`, ..., `Logits/fc/biases`,
@@ -209,7 +214,7 @@ def save_tf1_checkpoint(model, path):
     return write_tf1_checkpoint(values, path)
 
 
-def write_tf1_checkpoint(values, path):
+def write_tf1_checkpoint(values: Mapping[str, ArrayLike], path: str) -> str:
     """Write {name: array} with a `tf.compat.v1.train.Saver` in a throw-away graph; returns path.
 
     The values are fed through placeholders, so the graph stays small; no meta graph is written.
@@ -233,12 +238,13 @@ def write_tf1_checkpoint(values, path):
 # Command line
 # ---------------------------------------------------------------------------------------------
 
-def _model(num_classes):
+def _model(num_classes: int) -> Any:
     from modern.resnet_v2 import resnet_v2_50
     return resnet_v2_50(num_classes=num_classes)
 
 
-def tf1_to_modern(tf1_path, modern_dir, exclude_scopes=(), num_classes=10):
+def tf1_to_modern(tf1_path: str, modern_dir: str, exclude_scopes: Union[str, Sequence[str]] = (),
+                  num_classes: int = 10) -> tuple[str, LoadReport]:
     """TF1 checkpoint -> tf.train.Checkpoint(model=...) saved by a CheckpointManager in
     `modern_dir` (so the modern trainer's `manager.latest_checkpoint` finds it).
 
@@ -251,7 +257,7 @@ def tf1_to_modern(tf1_path, modern_dir, exclude_scopes=(), num_classes=10):
     return manager.save(), report
 
 
-def modern_to_tf1(modern_path, tf1_path, num_classes=10):
+def modern_to_tf1(modern_path: str, tf1_path: str, num_classes: int = 10) -> str:
     """tf.train.Checkpoint(model=...) (prefix or CheckpointManager directory) -> TF1 checkpoint."""
     modern_path = _checkpoint_prefix(modern_path)
     model = _model(num_classes)
@@ -260,7 +266,7 @@ def modern_to_tf1(modern_path, tf1_path, num_classes=10):
     return save_tf1_checkpoint(model, tf1_path)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = ArgumentParser(prog="python -m modern.checkpoints", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     to_modern = commands.add_parser("tf1-to-modern", help="TF1 checkpoint -> modern checkpoint")

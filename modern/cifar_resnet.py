@@ -51,26 +51,27 @@ Where it differs from the legacy program, on purpose:
 Additions: --deterministic, --seed, --connect_timeout (clusters) and --units_per_block (a smaller
 ResNet, for quick tests only).
 """
+from __future__ import annotations
+
+import argparse
 import os
 import sys
 import time
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
-if __package__ in (None, ""):  # `python modern/cifar_resnet.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import tensorflow as tf
 
-from modern import checkpoints as tf1_checkpoints  # noqa: E402
-from modern.keras_adapter import adam_slots, resource_handle  # noqa: E402
-from modern import cluster  # noqa: E402
-from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50  # noqa: E402
-from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,  # noqa: E402
+from modern import checkpoints as tf1_checkpoints
+from modern.keras_adapter import adam_slots, resource_handle
+from modern import cluster
+from modern.resnet_v2 import RESNET_V2_50_BLOCKS, resnet_v2_50
+from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,
                             run_reporting_usage_errors, write_scalar)
-from records import cifar10  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
-from records.progress import progress  # noqa: E402
+from records import cifar10
+from records.usage import ArgumentParser, at_least, fraction
+from records.progress import progress
 
 # ----------------------------------------------------------------------------------------------
 # Parameters: the original's constants (as legacy/cifar_resnet.py names them), one flag each.
@@ -98,7 +99,7 @@ EMBEDDED_PROFILE = cifar10.EMBEDDED_PROFILE
 ORIGINAL_PROFILE = {"batch_size": batch_size, "valid_batch_size": valid_batch_size, "epochs": NUM_EPOCHS}
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--towers", "--num_replicas", dest="num_replicas", type=at_least(1), default=num_replicas,
                    metavar="N",
@@ -135,7 +136,18 @@ def parse_args(argv=None):
     return args
 
 
-def resolve_data(args):
+class ResolvedData(NamedTuple):
+    """The data a run reads: whether it is the embedded set, the flags its profile filled in, the
+    training and validation files and their rows."""
+    embedded: bool
+    changed: list[str]
+    train_files: list[str]
+    num_train: int
+    valid_files: list[str]
+    num_valid: int
+
+
+def resolve_data(args: argparse.Namespace) -> ResolvedData:
     """The training and validation files and the run sizes: the embedded profile when no data is given."""
     try:
         train_files, valid_files, embedded = cifar10.resolve_files(
@@ -145,13 +157,13 @@ def resolve_data(args):
         valid_counts = cifar10.check_tfrecord_files(valid_files)
     except cifar10.CifarDataError as e:
         raise UsageError(str(e)) from None
-    return embedded, changed, train_files, sum(train_counts), valid_files, sum(valid_counts)
+    return ResolvedData(embedded, changed, train_files, sum(train_counts), valid_files, sum(valid_counts))
 
 
 # ----------------------------------------------------------------------------------------------
 # Data: the original's pipelines, handed to the replicas by the strategy.
 # ----------------------------------------------------------------------------------------------
-def spread_short_batch(x, y_onehot, num_replicas):
+def spread_short_batch(x: Any, y_onehot: Any, num_replicas: int) -> tuple[Any, Any, Any]:
     """A global batch -> (x, y_onehot, weights) that `cluster.distribute` can split
     without leaving a replica empty.
 
@@ -172,15 +184,16 @@ def spread_short_batch(x, y_onehot, num_replicas):
     return tf.tile(x, [copies, 1, 1, 1]), tf.tile(y_onehot, [copies, 1]), weights
 
 
-def leaves_a_replica_empty(rows, num_replicas):
+def leaves_a_replica_empty(rows: Any, num_replicas: int) -> Any:
     """Whether the strategy's split of `rows` rows (replica batches of ceil(rows / N)) leaves the
     last replica with none.  Python ints or int32 tensors."""
     per_replica = -(-rows // num_replicas)
     return per_replica * (num_replicas - 1) >= rows
 
 
-def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffle_buffer, num_epochs,
-                  num_replicas=1, augment=False, skip_batches=0, shuffle_seed=None):
+def make_datasets(train_files: Sequence[str], valid_files: Sequence[str], batch_size: int, valid_batch_size: int,
+                  shuffle_buffer: int, num_epochs: int, num_replicas: int = 1, augment: bool = False,
+                  skip_batches: int = 0, shuffle_seed: Optional[int] = None) -> tuple[Any, Any]:
     """The original's training and validation datasets of GLOBAL batches.
 
     Same order as the original: parse, preprocess, shuffle, batch, repeat (batch before repeat, so
@@ -225,7 +238,8 @@ def make_datasets(train_files, valid_files, batch_size, valid_batch_size, shuffl
 # ----------------------------------------------------------------------------------------------
 # Loss and gradients of one replica.
 # ----------------------------------------------------------------------------------------------
-def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
+def replica_gradients(model: Any, x: Any, y_onehot: Any, global_batch_size: Any,
+                      weights: Optional[Any] = None) -> tuple[Any, Any, Any]:
     """One replica's training forward and backward pass, before the all-reduce.
 
     Its loss is its share of the global batch's: the sum of its rows' cross-entropy divided by
@@ -253,7 +267,7 @@ def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
     return loss, tape.gradient(loss, model.trainable_variables), logits
 
 
-def _global_rows(rows, weights):
+def _global_rows(rows: Any, weights: Optional[Any]) -> Any:
     """Rows of the whole step, each counted by its weight (copies of spread_short_batch count once)."""
     local = tf.cast(rows, tf.float32) if weights is None else tf.reduce_sum(weights)
     total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
@@ -263,7 +277,8 @@ def _global_rows(rows, weights):
 # ----------------------------------------------------------------------------------------------
 # Learning rate and optimizer.
 # ----------------------------------------------------------------------------------------------
-def make_optimizer(boundaries=boundaries, values=values, epsilon=1e-8, fused=True):
+def make_optimizer(boundaries: Sequence[int] = boundaries, values: Sequence[float] = values,
+                   epsilon: float = 1e-8, fused: bool = True) -> Any:
     """Adam on the legacy `piecewise_constant(global_step, boundaries, values)` schedule.
 
     Schedule: both give values[0] while step <= boundaries[0], values[1] while step <=
@@ -304,7 +319,7 @@ class FusedAdam(keras.optimizers.Adam):
     checkpoint layout and everything else are Keras' Adam's.
     """
 
-    def update_step(self, gradient, variable, learning_rate):
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> Any:
         # Called by Keras once per variable; under a strategy once per replica's copy, inside
         # `extended.update`, where the slots' `.handle` resolves to that replica's copy too.
         dtype = variable.dtype
@@ -321,7 +336,8 @@ class FusedAdam(keras.optimizers.Adam):
 # ----------------------------------------------------------------------------------------------
 # One training step, one validation step, over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, return_metrics=False, element_spec=None):
+def make_train_step(model: Any, optimizer: Any, strategy: Any, return_metrics: bool = False,
+                    element_spec: Optional[Any] = None) -> Callable[[Any], Any]:
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch: an (images, one-hot labels[, weights]) element of `cluster.distribute`
@@ -362,7 +378,7 @@ def make_train_step(model, optimizer, strategy, return_metrics=False, element_sp
     return train_step
 
 
-def make_eval_step(model, strategy, element_spec=None):
+def make_eval_step(model: Any, strategy: Any, element_spec: Optional[Any] = None) -> Callable[[Any], Any]:
     """A tf.function(dist_batch) -> (summed cross-entropy, correct predictions, rows), inference mode.
 
     dist_batch and element_spec as for make_train_step; sums are weighted, so copied rows count once.
@@ -385,7 +401,7 @@ def make_eval_step(model, strategy, element_spec=None):
     return eval_step
 
 
-def validate(eval_step, dist_val_dataset):
+def validate(eval_step: Callable[[Any], Any], dist_val_dataset: Iterable[Any]) -> tuple[float, float]:
     """The whole validation set once: (accuracy, mean loss), both averaged over rows."""
     cross_entropy, correct, rows = 0.0, 0.0, 0.0
     for batch in dist_val_dataset:
@@ -397,12 +413,20 @@ def validate(eval_step, dist_val_dataset):
 # ----------------------------------------------------------------------------------------------
 # Model, optimizer and checkpoints.
 # ----------------------------------------------------------------------------------------------
-def build(strategy, args, worker=None):
-    """Model, optimizer and checkpoint in the strategy's scope; resumed or pretrained as available.
+class Built(NamedTuple):
+    """What `build` makes: the model and optimizer, their checkpoint and its manager, the best
+    validation accuracy so far (a variable saved with them), and a line saying where the weights came from."""
+    model: Any
+    optimizer: Any
+    checkpoint: Any
+    manager: Any
+    best_acc: Any
+    origin: str
 
-    Returns (model, optimizer, checkpoint, manager, best_acc variable, a line saying where the
-    weights came from).  On a cluster (worker not None) `manager` writes only on the chief.
-    """
+
+def build(strategy: Any, args: argparse.Namespace, worker: Optional[cluster.Worker] = None) -> Built:
+    """Model, optimizer and checkpoint in the strategy's scope; resumed or pretrained as available.
+    On a cluster (worker not None) `manager` writes only on the chief."""
     blocks = RESNET_V2_50_BLOCKS
     if args.units_per_block:
         blocks = tuple(spec._replace(num_units=n) for spec, n in zip(blocks, args.units_per_block))
@@ -423,13 +447,14 @@ def build(strategy, args, worker=None):
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise UsageError(f"cannot resume from {reader.latest_checkpoint}: it does not match this "
                              f"model and optimizer ({str(e).splitlines()[0]}); use another --model_dir") from None
-        return (model, optimizer, checkpoint, manager, best_acc,
-                f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}, "
-                f"best val_acc {float(best_acc.numpy()):.4f}")
+        return Built(model, optimizer, checkpoint, manager, best_acc,
+                     f"Resuming from {reader.latest_checkpoint}: step {int(optimizer.iterations.numpy())}, "
+                     f"best val_acc {float(best_acc.numpy()):.4f}")
     pretrained = args.pretrained or (resnet_model_path if tf.io.gfile.exists(resnet_model_path + ".index") else None)
     if pretrained is None:
-        return (model, optimizer, checkpoint, manager, best_acc,
-                f"No pretrained checkpoint ({resnet_model_path} not found, no --pretrained): training from scratch")
+        return Built(model, optimizer, checkpoint, manager, best_acc,
+                     f"No pretrained checkpoint ({resnet_model_path} not found, no --pretrained): training from "
+                     f"scratch")
     if not (tf.io.gfile.exists(pretrained + ".index") or tf.io.gfile.isdir(pretrained)):
         raise UsageError(f"pretrained checkpoint {pretrained} not found")
     try:
@@ -437,14 +462,15 @@ def build(strategy, args, worker=None):
             report = tf1_checkpoints.load_tf1_checkpoint(model, pretrained, exclude_scopes=(checkpoint_exclude_scopes,))
     except (tf1_checkpoints.CheckpointMismatchError, tf.errors.OpError, ValueError) as e:
         raise UsageError(f"cannot restore the pretrained checkpoint {pretrained}: {e}") from None
-    return (model, optimizer, checkpoint, manager, best_acc,
-            f"Restored {len(report.loaded)} variables from {pretrained} (excluded: {checkpoint_exclude_scopes})")
+    return Built(model, optimizer, checkpoint, manager, best_acc,
+                 f"Restored {len(report.loaded)} variables from {pretrained} (excluded: {checkpoint_exclude_scopes})")
 
 
 # ----------------------------------------------------------------------------------------------
 # The session loop's counterpart.
 # ----------------------------------------------------------------------------------------------
-def check_inputs(args, worker, n):
+def check_inputs(args: argparse.Namespace, worker: Optional[cluster.Worker],
+                 n: int) -> tuple[list[str], list[str], int]:
     """Set-up before any model: the data and folders checked (UsageError otherwise), and logged.
     Returns (train_files, valid_files, steps_per_epoch)."""
     embedded, changed, train_files, num_train, valid_files, num_valid = resolve_data(args)
@@ -466,7 +492,8 @@ def check_inputs(args, worker, n):
     return train_files, valid_files, steps_per_epoch
 
 
-def validate_and_keep_best(eval_step, dist_val_ds, valid_writer, step, lr, best_acc, manager):
+def validate_and_keep_best(eval_step: Callable[[Any], Any], dist_val_ds: Iterable[Any], valid_writer: Any, step: int,
+                           lr: float, best_acc: Any, manager: Any) -> Optional[str]:
     """The legacy validation block: validate, write the summaries, print the original's lines, and
     save the model when it beats `best_acc` (which travels in the checkpoint, so a resumed run keeps
     it).  Returns the saved checkpoint's path, or None."""
@@ -488,7 +515,7 @@ def validate_and_keep_best(eval_step, dist_val_ds, valid_writer, step, lr, best_
     return None
 
 
-def train(args):
+def train(args: argparse.Namespace) -> None:
     seed_program(args.seed, args.deterministic)
     # first: may split the CPU into virtual devices; MultiWorkerMirroredStrategy when TF_CONFIG names workers
     strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
@@ -569,7 +596,7 @@ def train(args):
     cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_reporting_usage_errors(train, parse_args(argv))
 
 

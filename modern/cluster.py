@@ -28,6 +28,9 @@ GPUs per worker and, with none, exactly one `/device:CPU:0`: logical CPU devices
 CPUs still reports `num_replicas_in_sync` = number of workers).  So on CPU-only workers
 `--num_replicas` must be 1 (a usage error otherwise); on GPU workers it picks the first N GPUs.
 """
+from __future__ import annotations
+
+import argparse
 import atexit
 import json
 import os
@@ -37,6 +40,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import tensorflow as tf
 
@@ -54,16 +58,16 @@ SHUTDOWN_TIMEOUT_S = 60  # how long a finished worker waits for the others at ex
 class Worker:
     """This process's place in a multi-worker cluster (None on one host)."""
 
-    def __init__(self, addresses, index, replicas_per_worker):
+    def __init__(self, addresses: list[str], index: int, replicas_per_worker: int) -> None:
         self.addresses = addresses
         self.index = index
         self.count = len(addresses)
         self.replicas_per_worker = replicas_per_worker
         self.is_chief = index == 0  # MultiWorkerMirroredStrategy's chief when there is no 'chief' job
-        self._temp = None
-        self.preemption_handler = None  # set by step_runner; stopped by finish
+        self._temp: Optional[str] = None
+        self.preemption_handler: Optional[Any] = None  # set by step_runner; stopped by finish
 
-    def folder(self, path):
+    def folder(self, path: str) -> str:
         """Where this worker writes what belongs in `path`: `path` on the chief, else a temporary
         folder removed when the process ends (every worker must save, since saving may run
         collectives, but only the chief's copy is kept)."""
@@ -80,14 +84,14 @@ class Worker:
 # ----------------------------------------------------------------------------------------------
 # TF_CONFIG: read and checked before TensorFlow is asked to connect anything.
 # ----------------------------------------------------------------------------------------------
-def add_flags(parser):
+def add_flags(parser: argparse.ArgumentParser) -> None:
     """The trainers' cluster flag: --connect_timeout (used only when TF_CONFIG names workers)."""
     parser.add_argument("--connect_timeout", type=at_least(1.0, float), default=DEFAULT_CONNECT_TIMEOUT,
                         help="on a cluster (TF_CONFIG): seconds a worker waits for the others to start, "
                              "then gives up with exit code 2")
 
 
-def read_tf_config(environ=None):
+def read_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[tuple[list[str], int]]:
     """(worker addresses, this task's index) from TF_CONFIG, or None when it is absent or empty.
 
     Raises UsageError naming the problem: bad JSON, no worker list, a task other than a worker,
@@ -112,7 +116,7 @@ def read_tf_config(environ=None):
         host, _, port = str(address).rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"TF_CONFIG worker address {address!r} is not host:port")
-    seen = {}
+    seen: dict[str, int] = {}
     for i, address in enumerate(addresses):
         if address in seen:
             raise UsageError(f"TF_CONFIG lists worker {address} twice (indexes {seen[address]} and {i})")
@@ -127,7 +131,7 @@ def read_tf_config(environ=None):
     return addresses, index
 
 
-def _check_port_free(address):
+def _check_port_free(address: str) -> None:
     """This worker's own port must be free to listen on (a port in use is a usage error)."""
     host, _, port = address.rpartition(":")
     if host not in ("localhost", "127.0.0.1", socket.gethostname(), "0.0.0.0"):
@@ -146,7 +150,8 @@ def _check_port_free(address):
 # ----------------------------------------------------------------------------------------------
 # The strategy.
 # ----------------------------------------------------------------------------------------------
-def make_strategy(num_replicas, log=print, connect_timeout=DEFAULT_CONNECT_TIMEOUT):
+def make_strategy(num_replicas: int, log: Optional[Callable[[str], Any]] = print,
+                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> tuple[Any, Optional[Worker]]:
     """(strategy, worker): MultiWorkerMirroredStrategy when TF_CONFIG names more than one worker,
     else the one-host MirroredStrategy of `modern.runtime.make_strategy` and worker None.
 
@@ -189,7 +194,7 @@ def make_strategy(num_replicas, log=print, connect_timeout=DEFAULT_CONNECT_TIMEO
     return strategy, worker
 
 
-def configure_coordination(num_workers, connect_timeout):
+def configure_coordination(num_workers: int, connect_timeout: float) -> None:
     """Set up TensorFlow's coordination service as MultiWorkerMirroredStrategy would, plus time limits.
 
     The strategy's constructor configures the service itself (`CollectiveAllReduceExtended.
@@ -214,7 +219,7 @@ def configure_coordination(num_workers, connect_timeout):
                                               HEARTBEAT_TIMEOUT_S * 1000, SHUTDOWN_TIMEOUT_S * 1000)
 
 
-def distribute(strategy, worker, dataset):
+def distribute(strategy: Any, worker: Optional[Worker], dataset: Any) -> ReplicaBatches:
     """A dataset of GLOBAL batches -> an iterable of distributed batches for `strategy.run`.
 
     Each global batch of B rows is cut as `experimental_distribute_dataset` cuts it: replica
@@ -228,7 +233,7 @@ def distribute(strategy, worker, dataset):
     Speed: the slices are cut from the batch the plain `tf.data` iterator yields
     (`experimental_distribute_values_from_function`), not by `experimental_distribute_dataset`,
     whose distributed iterator adds a fixed cost to every step on CPU, the same at 1 and 2
-    replicas (`compare/bench.py --variants modern modern-strategy-iterator` shows it).
+    replicas (`benchmarks/bench.py --variants modern modern-strategy-iterator` shows it).
     `element_spec` is the strategy's own, for the train step's input signature.
     """
     spec_of = dataset
@@ -242,17 +247,17 @@ def distribute(strategy, worker, dataset):
 class ReplicaBatches:
     """`distribute`'s iterable: each global batch of `dataset` cut into its replicas' slices."""
 
-    def __init__(self, strategy, dataset, element_spec):
+    def __init__(self, strategy: Any, dataset: Any, element_spec: Any) -> None:
         self.strategy, self.dataset, self.element_spec = strategy, dataset, element_spec
         # A plain TensorSpec: the strategy hands its one replica plain tensors (MirroredStrategy
         # on one device); MultiWorkerMirroredStrategy wraps even one local replica's (PerReplicaSpec).
         self.plain = isinstance(tf.nest.flatten(element_spec)[0], tf.TensorSpec)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for batch in self.dataset:
             yield self.split(batch)
 
-    def split(self, batch):
+    def split(self, batch: Any) -> Any:
         """One global batch (a tuple of tensors, rows first) -> its distributed value."""
         rows = int(batch[0].shape[0])
 
@@ -268,7 +273,7 @@ class ReplicaBatches:
         return value
 
 
-def shared_seed(strategy, worker):
+def shared_seed(strategy: Any, worker: Optional[Worker]) -> dict[str, Any]:
     """{"shuffle_seed": a variable every worker agrees on} for the checkpoint, or {} on one host.
 
     A variable made in MultiWorkerMirroredStrategy's scope starts, on every worker, from the
@@ -286,7 +291,7 @@ def shared_seed(strategy, worker):
         return {"shuffle_seed": tf.Variable(random.getrandbits(31), dtype=tf.int64, trainable=False)}
 
 
-def shuffle_seed(checkpoint):
+def shuffle_seed(checkpoint: Any) -> Optional[int]:
     """The agreed (or restored) shuffle seed in `checkpoint` as an int, or None on one host."""
     seed = getattr(checkpoint, "shuffle_seed", None)
     return None if seed is None else int(seed.numpy())
@@ -295,7 +300,7 @@ def shuffle_seed(checkpoint):
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: the layout they were written by, and preemption.
 # ----------------------------------------------------------------------------------------------
-def check_layout(folder, worker, num_replicas):
+def check_layout(folder: str, worker: Optional[Worker], num_replicas: int) -> None:
     """Refuse to resume a checkpoint folder written by another cluster layout; record ours.
 
     A multi-worker chief writes `cluster_layout.json` (workers, replicas per worker) next to its
@@ -331,7 +336,7 @@ def check_layout(folder, worker, num_replicas):
         os.replace(tmp, path)  # atomic: never half-written
 
 
-def checkpoint_managers(checkpoint, folder, worker, **kwargs):
+def checkpoint_managers(checkpoint: Any, folder: str, worker: Optional[Worker], **kwargs: Any) -> tuple[Any, Any]:
     """(read, write) CheckpointManagers: one and the same on `folder` on one host and on the chief;
     another worker reads the chief's `folder` and writes into its temporary one (Worker.folder)."""
     read = tf.train.CheckpointManager(checkpoint, folder, **kwargs)
@@ -340,7 +345,8 @@ def checkpoint_managers(checkpoint, folder, worker, **kwargs):
     return read, tf.train.CheckpointManager(checkpoint, worker.folder(folder), **kwargs)
 
 
-def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
+def step_runner(worker: Optional[Worker], checkpoint: Any, folder: str, write_manager: Any, step: Callable[[], int],
+                log: Callable[[str], Any] = print) -> Callable[..., Any]:
     """run(train_step, batch): on a cluster, through a PreemptionCheckpointHandler; else a call.
 
     On SIGTERM to any worker, the handler has every worker finish the same step, save (the chief
@@ -368,7 +374,7 @@ def step_runner(worker, checkpoint, folder, write_manager, step, log=print):
     return reporting_lost_peers(worker, folder, handler.run)
 
 
-def finish(worker):
+def finish(worker: Optional[Worker]) -> None:
     """At the clean end of a run, on every worker: leave together, without error noise.
 
     The PreemptionCheckpointHandler keeps a thread per worker blocked on a key of the chief's
@@ -400,12 +406,12 @@ PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.e
                tf.errors.CancelledError)
 
 
-def tasks_named(message, index):
+def tasks_named(message: str, index: int) -> list[int]:
     """The worker indices a TensorFlow error message names (`/job:worker/replica:0/task:i`), other than `index`."""
     return sorted(set(int(i) for i in re.findall(r"/job:worker/replica:0/task:(\d+)", message)) - {index})
 
 
-def reporting_lost_peers(worker, folder, fn):
+def reporting_lost_peers(worker: Optional[Worker], folder: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn, raising PeerLostError instead of the collective errors of a lost worker (on a cluster)."""
     if worker is None:
         return fn
@@ -418,7 +424,7 @@ def reporting_lost_peers(worker, folder, fn):
     return guarded
 
 
-def lost_peer_message(worker, error, folder):
+def lost_peer_message(worker: Worker, error: Any, folder: str) -> str:
     """The paragraph a surviving worker prints: who is lost, why, and how the run goes on."""
     lost = tasks_named(error.message, worker.index)
     who = ", ".join(f"worker {i} ({worker.addresses[i]})" for i in lost if i < worker.count) or "another worker"

@@ -7,10 +7,14 @@ tests/test_modern_cifar.py::test_fused_adam_runs_tf1_kernel_arithmetic_and_keeps
     resource_handle(variable)             the tf resource handle under a Keras variable, for raw TF ops
     all_layers(model)                     every layer inside a model, nested layers included
 """
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 
-def adam_slots(optimizer, variable):
+def adam_slots(optimizer: Any, variable: Any) -> tuple[Any, Any]:
     """(m, v): the first- and second-moment slot variables Keras' Adam keeps for a model variable.
 
     Private in Keras 3: `optimizer._get_variable_index`, `_momentums`, `_velocities`.
@@ -19,7 +23,7 @@ def adam_slots(optimizer, variable):
     return optimizer._momentums[index], optimizer._velocities[index]
 
 
-def optimizer_slots(optimizer, variable):
+def optimizer_slots(optimizer: Any, variable: Any) -> dict[str, Any]:
     """{slot name: variable} for one model variable: {'m', 'v'} for Adam, {'momentum'} for SGD with
     momentum, {} for plain SGD.  Other optimizers: TypeError naming them.
 
@@ -35,7 +39,7 @@ def optimizer_slots(optimizer, variable):
     raise TypeError(f"the harness knows the slots of Adam and SGD only, not of {type(optimizer).__name__}")
 
 
-def resource_handle(variable):
+def resource_handle(variable: Any) -> Any:
     """The resource handle of a Keras variable's (or a tf.Variable's) current replica copy.
 
     Public: a Keras variable's `.value` is its tf.Variable (a MirroredVariable under a strategy).
@@ -45,7 +49,7 @@ def resource_handle(variable):
     return variable.handle
 
 
-def all_layers(model):
+def all_layers(model: Any) -> list[Any]:
     """Every layer of `model`, depth first, nested layers (a block's sublayers) included.
 
     Private in Keras 3: `Layer._flatten_layers` (`model.layers` lists the top level only).

@@ -13,6 +13,8 @@ exit 42); when a worker exits with an error, the others are stopped (SIGTERM, th
 On separate machines there is no launcher: run the same trainer on each host with its own
 TF_CONFIG (README, "Beyond one machine").
 """
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -22,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO, Any, Callable, Optional, Sequence
 
 from records.usage import ArgumentParser, at_least
 
 PREEMPTED_EXIT_CODE = 42  # modern.cluster.PREEMPTED_EXIT_CODE (not imported: that imports TensorFlow)
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        usage="python -m modern.launch [options] -- PROGRAM [ARGS ...]")
     p.add_argument("--workers", type=at_least(1), default=2, help="worker processes")
@@ -51,7 +54,7 @@ def parse_args(argv=None):
     return args
 
 
-def free_ports(count):
+def free_ports(count: int) -> list[int]:
     """`count` distinct free TCP ports on 127.0.0.1 (held together while chosen, then released)."""
     sockets = []
     try:
@@ -65,29 +68,31 @@ def free_ports(count):
             s.close()
 
 
-def tf_config(addresses, index):
+def tf_config(addresses: Sequence[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
-def _print(line):
+def _print(line: str) -> None:
     sys.stdout.write(line)
     sys.stdout.flush()
 
 
-def _relay(index, stream, lock, output):
+def _relay(index: int, stream: IO[str], lock: threading.Lock, output: Callable[[str], Any]) -> None:
     for line in iter(stream.readline, ""):
         with lock:
             output(f"[worker {index}] {line}")
     stream.close()
 
 
-def _describe(code):
+def _describe(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
 
 
-def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, output=_print, timeout=None):
+def launch(command: Sequence[str], workers: int, replicas_per_worker: int = 1, grace: float = 10.0,
+           log: Callable[[str], Any] = print, output: Callable[[str], Any] = _print,
+           timeout: Optional[float] = None) -> int:
     """Run the cluster to its end; return the launcher's exit code (0, 1, 42, or 130 on Ctrl-C).
 
     command: [program.py or -m module, args...]; output(line) gets each worker's prefixed lines;
@@ -97,7 +102,8 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, outpu
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     program = [sys.executable, *command]  # a file (modern/mnist_multi_gpu.py) or -m module
     lock = threading.Lock()
-    procs, relays = [], []
+    procs: list[subprocess.Popen[str]] = []
+    relays: list[threading.Thread] = []
     received = []  # signals the launcher got (Ctrl-C, SIGTERM)
 
     def forward(signum, frame):
@@ -157,7 +163,7 @@ def launch(command, workers, replicas_per_worker=1, grace=10.0, log=print, outpu
             signal.signal(s, handler)
 
 
-def _stop(procs, grace):
+def _stop(procs: Sequence[subprocess.Popen[str]], grace: float) -> None:
     """SIGTERM every running worker's process group, wait up to `grace` s, then SIGKILL the rest."""
     running = [p for p in procs if p.poll() is None]
     for p in running:
@@ -174,14 +180,14 @@ def _stop(procs, grace):
             p.wait(timeout=30)
 
 
-def _kill_group(p, signum):
+def _kill_group(p: subprocess.Popen[str], signum: int) -> None:
     try:
         os.killpg(p.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     return launch(args.command, args.workers, args.replicas_per_worker, args.grace, timeout=args.timeout)
 

@@ -14,23 +14,23 @@ Run it (from the repository root), after training:
 Defaults: the trainer's --model_save_path and MOVING_AVERAGE_DECAY.  Evaluates once unless
 `--eval_interval_secs` is given (then it loops like the book, until interrupted).
 """
-import os
+from __future__ import annotations
+
+import argparse
 import sys
 import time
-
-if __package__ in (None, ""):  # `python modern/mnist_eval.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow's C++ start-up notices
-
-import tensorflow as tf  # noqa: E402
-
-from modern import mnist_multi_gpu as mnist  # noqa: E402
-from modern.runtime import UsageError, run_reporting_usage_errors  # noqa: E402
-from records import mnist as mnist_records  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
+from typing import Optional, Sequence
 
 
-def parse_args(argv=None):
+import tensorflow as tf
+
+from modern import mnist_multi_gpu as mnist
+from modern.runtime import UsageError, run_reporting_usage_errors
+from records import mnist as mnist_records
+from records.usage import ArgumentParser, at_least, fraction
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model_save_path", default="logs_and_models/modern/", help="the trainer's --model_save_path")
     p.add_argument("--moving_average_decay", type=fraction(), default=0.99, help="MOVING_AVERAGE_DECAY")
@@ -43,7 +43,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def evaluate_checkpoint(data_path, model_save_path, moving_average_decay=0.99):
+def evaluate_checkpoint(data_path: str, model_save_path: str, moving_average_decay: float = 0.99) -> tuple[int, float]:
     """(global step, accuracy of the latest checkpoint's moving averages on `data_path`)."""
     latest = tf.train.latest_checkpoint(model_save_path)
     if latest is None:
@@ -62,7 +62,7 @@ def evaluate_checkpoint(data_path, model_save_path, moving_average_decay=0.99):
     return int(optimizer.iterations.numpy()), mnist.evaluate_averaged(shadows, data_path)
 
 
-def evaluate(args):
+def evaluate(args: argparse.Namespace) -> float:
     try:
         data_path = args.data_path or mnist_records.ensure_default_data().eval
         _, labels = mnist_records.load_tfrecords(data_path)  # every record read: CRCs and format
@@ -77,7 +77,7 @@ def evaluate(args):
         time.sleep(args.eval_interval_secs)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_reporting_usage_errors(evaluate, parse_args(argv))
 
 

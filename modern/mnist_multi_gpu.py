@@ -38,24 +38,24 @@ Where this differs from the legacy program (each also commented in place):
   * added: --log_every, --save_every, --seed, --deterministic, --connect_timeout (clusters), and a
     `loss` summary beside the book's histograms.
 """
-import os
+from __future__ import annotations
+
+import argparse
 import sys
 import time
 from datetime import datetime
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-if __package__ in (None, ""):  # `python modern/mnist_multi_gpu.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import tensorflow as tf
 
-from modern import cluster  # noqa: E402
-from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,  # noqa: E402
+from modern import cluster
+from modern.runtime import (UsageError, add_seed_flags, check_writable, seed_program,
                             run_reporting_usage_errors, write_histogram, write_scalar)
-from records import mnist as mnist_records  # noqa: E402
-from records.progress import progress  # noqa: E402
-from records.usage import ArgumentParser, at_least, fraction  # noqa: E402
+from records import mnist as mnist_records
+from records.progress import progress
+from records.usage import ArgumentParser, at_least, fraction
 
 INPUT_NODE = mnist_records.IMAGE_PIXELS  # 784
 LAYER1_NODE = 500
@@ -66,7 +66,7 @@ EVAL_BATCH_SIZE = 1000
 # ----------------------------------------------------------------------------------------------
 # Parameters: the original's constants, one flag each (names as in legacy/mnist_multi_gpu.py).
 # ----------------------------------------------------------------------------------------------
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch_size", type=at_least(1), default=100, help="BATCH_SIZE, per replica")
     p.add_argument("--learning_rate_base", type=float, default=0.001, help="LEARNING_RATE_BASE")
@@ -99,8 +99,8 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------
 # Data: the original's pipeline (parse, shuffle 10000, repeat 10, batch), fed to the replicas.
 # ----------------------------------------------------------------------------------------------
-def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False, skip_batches=0,
-              shuffle_seed=None):
+def get_input(data_path: str, batch_size: int, num_replicas: int, same_batch_per_replica: bool = False,
+              skip_batches: int = 0, shuffle_seed: Optional[int] = None) -> Any:
     """The original's `get_input`, as a dataset of *global* batches for `cluster.distribute`.
 
     Each replica receives `batch_size` rows.  By default they are different rows (the global batch is
@@ -132,13 +132,13 @@ def get_input(data_path, batch_size, num_replicas, same_batch_per_replica=False,
     return dataset.skip(skip_batches).prefetch(2)
 
 
-def same_batch_on_every_replica(x, labels, num_replicas):
+def same_batch_on_every_replica(x: Any, labels: Any, num_replicas: int) -> tuple[Any, Any]:
     """One batch tiled num_replicas times: the strategy's cut (ceil(rows / N) in order) then hands
     every replica the same rows, as the original feeds its one batch to every tower."""
     return tf.tile(x, [num_replicas, 1]), tf.tile(labels, [num_replicas])
 
 
-def check_data(data_path, eval_data_path):
+def check_data(data_path: Optional[str], eval_data_path: Optional[str]) -> tuple[str, int, Optional[str], int]:
     """The data files to read (the embedded default when None), each checked record by record."""
     try:
         if data_path is None:
@@ -154,7 +154,7 @@ def check_data(data_path, eval_data_path):
 # ----------------------------------------------------------------------------------------------
 # Model: the book's mnist_inference, 784 -> 500 (relu) -> 10.
 # ----------------------------------------------------------------------------------------------
-def build_model(regularization_rate=0.0001):
+def build_model(regularization_rate: float = 0.0001) -> Any:
     """The 784-500-10 network of `legacy/mnist_inference.py` as a Keras model.
 
     Dense layers 'layer1' and 'layer2' (kernel <-> TF1 'layerN/weights', bias <-> 'layerN/biases'),
@@ -162,7 +162,7 @@ def build_model(regularization_rate=0.0001):
         contrib l2_regularizer(s)(w) = s * tf.nn.l2_loss(w) = s * sum(w**2) / 2 = keras L2(s / 2)(w)
     (keras' L2(s) alone would be twice the legacy term).  Only the kernels are regularised.
     """
-    def dense(units, name, activation=None):
+    def dense(units: int, name: str, activation: Optional[str] = None) -> Any:
         return keras.layers.Dense(
             units, activation=activation, name=name,
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.1),
@@ -177,7 +177,7 @@ def build_model(regularization_rate=0.0001):
 LEGACY_NAMES = {"kernel": "weights", "bias": "biases"}
 
 
-def legacy_name(variable):
+def legacy_name(variable: Any) -> str:
     """The TF1 name of a model variable: 'layer1/kernel' -> 'layer1/weights', 'layer1/bias' -> 'layer1/biases'."""
     layer, kind = variable.path.split("/")[-2:]
     return f"{layer}/{LEGACY_NAMES[kind]}"
@@ -186,7 +186,7 @@ def legacy_name(variable):
 # ----------------------------------------------------------------------------------------------
 # Loss of one replica.
 # ----------------------------------------------------------------------------------------------
-def compute_replica_loss(model, x, labels, global_batch_size, training=True):
+def compute_replica_loss(model: Any, x: Any, labels: Any, global_batch_size: Any, training: bool = True) -> Any:
     """One replica's share of the loss: summed over the replicas it is the legacy loss.
 
     Legacy tower i (b rows):  L_i = mean_i(ce) + R(w),  update gradient  (1/N) sum_i grad L_i.
@@ -214,7 +214,8 @@ def compute_replica_loss(model, x, labels, global_batch_size, training=True):
 # ----------------------------------------------------------------------------------------------
 # Learning rate, optimizer and moving average.
 # ----------------------------------------------------------------------------------------------
-def make_optimizer(learning_rate_base=0.001, decay_steps=60000 / 100, learning_rate_decay=0.99):
+def make_optimizer(learning_rate_base: float = 0.001, decay_steps: float = 60000 / 100,
+                   learning_rate_decay: float = 0.99) -> Any:
     """SGD on the legacy schedule: lr = base * decay ** (step / decay_steps), not staircase.
 
     Keras evaluates the schedule at `optimizer.iterations` before incrementing it, as the legacy
@@ -225,7 +226,7 @@ def make_optimizer(learning_rate_base=0.001, decay_steps=60000 / 100, learning_r
     return keras.optimizers.SGD(learning_rate=schedule)
 
 
-def make_moving_average(model, optimizer, decay=0.99):
+def make_moving_average(model: Any, optimizer: Any, decay: float = 0.99) -> tuple[Any, dict[str, Any]]:
     """The legacy `ExponentialMovingAverage(decay, global_step)` over the trainable variables.
 
     With num_updates n = optimizer.iterations (read after the update, as the legacy `--ordered_ema`):
@@ -244,7 +245,8 @@ def make_moving_average(model, optimizer, decay=0.99):
 # ----------------------------------------------------------------------------------------------
 # One training step over all replicas.
 # ----------------------------------------------------------------------------------------------
-def make_train_step(model, optimizer, strategy, ema=None, return_grads=False, element_spec=None):
+def make_train_step(model: Any, optimizer: Any, strategy: Any, ema: Optional[Any] = None, return_grads: bool = False,
+                    element_spec: Optional[Any] = None) -> Callable[[Any], Any]:
     """A tf.function(dist_batch) that trains one step and returns the loss (summed over replicas).
 
     dist_batch is an (x, labels) element of `cluster.distribute`.  Each
@@ -286,7 +288,7 @@ def make_train_step(model, optimizer, strategy, ema=None, return_grads=False, el
 # ----------------------------------------------------------------------------------------------
 # Evaluation with the averaged weights (the book's mnist_eval.py).
 # ----------------------------------------------------------------------------------------------
-def evaluate_averaged(shadows, eval_data_path, regularization_rate=0.0001):
+def evaluate_averaged(shadows: Mapping[str, Any], eval_data_path: str, regularization_rate: float = 0.0001) -> float:
     """Accuracy on `eval_data_path` of the network whose weights are the moving-average shadows."""
     averaged = build_model(regularization_rate)
     for v in averaged.trainable_variables:
@@ -308,7 +310,8 @@ def evaluate_averaged(shadows, eval_data_path, regularization_rate=0.0001):
 # ----------------------------------------------------------------------------------------------
 # The main training process.
 # ----------------------------------------------------------------------------------------------
-def check_inputs(args, worker, n):
+def check_inputs(args: argparse.Namespace, worker: Optional[cluster.Worker],
+                 n: int) -> tuple[str, int, Optional[str]]:
     """Set-up before any model: the data and folders checked (UsageError otherwise), and logged.
     Returns (data_path, num_examples, eval_data_path or None)."""
     data_path, num_examples, eval_data_path, num_eval = check_data(args.data_path, args.eval_data_path)
@@ -325,7 +328,7 @@ def check_inputs(args, worker, n):
     return data_path, num_examples, eval_data_path
 
 
-def write_summaries(writer, step, loss_value, grads, variables):
+def write_summaries(writer: Any, step: int, loss_value: float, grads: Sequence[Any], variables: Sequence[Any]) -> None:
     """The legacy histograms (averaged gradients, weights) under the legacy names, plus the loss."""
     with writer.as_default():
         write_scalar("loss", loss_value, step)  # addition: the legacy writes histograms only
@@ -335,7 +338,7 @@ def write_summaries(writer, step, loss_value, grads, variables):
             write_histogram(legacy_name(v), v.value, step)
 
 
-def train(args):
+def train(args: argparse.Namespace) -> None:
     seed_program(args.seed, args.deterministic)
     # before any other TF op: may split the CPU; MultiWorkerMirroredStrategy when TF_CONFIG names workers
     strategy, worker = cluster.make_strategy(args.num_replicas, connect_timeout=args.connect_timeout)
@@ -417,7 +420,7 @@ def train(args):
     cluster.finish(worker)  # on a cluster: every worker leaves together, quietly
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_reporting_usage_errors(train, parse_args(argv))
 
 

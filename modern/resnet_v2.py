@@ -47,7 +47,10 @@ is Keras' `L2(5e-5)`. The losses are exposed in `model.losses`, but the legacy p
 `tf.GraphKeys.REGULARIZATION_LOSSES` to its loss, so a faithful trainer must NOT add `model.losses`
 either (and must not use `model.fit`, which would).
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -66,7 +69,7 @@ SLIM_CONV_INITIALIZER = dict(scale=1.3 * 2.0 * 0.87962566103423978 ** 2, mode="f
 # Each unit outputs 4 * base_depth channels through a base_depth-wide bottleneck; the block's
 # stride sits in its LAST unit (slim subsamples at the end of a block, the paper at the start).
 BlockSpec = collections.namedtuple("BlockSpec", ["scope", "base_depth", "num_units", "stride"])
-RESNET_V2_50_BLOCKS = (
+RESNET_V2_50_BLOCKS: tuple[BlockSpec, ...] = (
     BlockSpec("block1", 64, 3, 2),
     BlockSpec("block2", 128, 4, 2),
     BlockSpec("block3", 256, 6, 2),
@@ -99,12 +102,12 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
     A replica with no rows (a global batch smaller than the replica count) proposes "no change".
     """
 
-    def add_weight(self, *args, **kwargs):
+    def add_weight(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("name") in ("moving_mean", "moving_variance"):
             kwargs["aggregation"] = "mean"
         return super().add_weight(*args, **kwargs)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
         if not (training and self.trainable):
             return super().call(inputs, training=False)
         # The fused kernel slim runs (FusedBatchNormV3 and its analytic gradient).  Keras 3's own
@@ -129,7 +132,7 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
             self.moving_variance - (self.moving_variance - batch_var) * (1.0 - decay))
         return outputs
 
-    def _moments_batch_norm(self, inputs):
+    def _moments_batch_norm(self, inputs: Any) -> tuple[Any, Any, Any]:
         """(normalised outputs, batch mean, Bessel-corrected batch variance), by ops.moments."""
         rank = len(inputs.shape)
         axes = [a for a in range(rank) if a != self.axis % rank]  # all but the channels'
@@ -140,7 +143,7 @@ class SlimBatchNorm(keras.layers.BatchNormalization):
         return outputs, mean, variance * n / ops.maximum(n - 1.0, 1.0)
 
 
-def fixed_padding(inputs, kernel_size):
+def fixed_padding(inputs: Any, kernel_size: int) -> Any:
     """The explicit, symmetric zero padding of slim's `conv2d_same` for a strided conv.
 
     conv2d_same(stride > 1) == pad [(k-1)//2, (k-1) - (k-1)//2] on height and width, then 'VALID'.
@@ -165,7 +168,8 @@ class BottleneckV2(keras.layers.Layer):
     Convs followed by batch norm have no bias (slim: normalizer_fn set => no biases).
     """
 
-    def __init__(self, depth, depth_bottleneck, stride, depth_in, batch_norm, conv, **kwargs):
+    def __init__(self, depth: int, depth_bottleneck: int, stride: int, depth_in: int,
+                 batch_norm: Callable[[str], Any], conv: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stride = stride
         self.preact = batch_norm("preact")
@@ -180,7 +184,7 @@ class BottleneckV2(keras.layers.Layer):
         self.conv2_bn = batch_norm("conv2_BatchNorm")
         self.conv3 = conv(depth, 1, 1, "conv3", use_bias=True)
 
-    def call(self, inputs, training=False):
+    def call(self, inputs: Any, training: bool = False) -> Any:
         preact = ops.relu(self.preact(inputs, training=training))
         if self.shortcut is not None:
             shortcut = self.shortcut(preact)
@@ -208,7 +212,7 @@ class ReplicaDropout(keras.layers.Dropout):
     still keep with probability 1 - rate, scaled by 1 / (1 - rate), as slim's.
     """
 
-    def call(self, inputs, training=False):
+    def call(self, inputs: Any, training: bool = False) -> Any:
         if not training or self.rate == 0:
             return inputs
         seed = tf.cast(tf.math.floormod(self.seed_generator.next(), tf.int32.max - 1), tf.int32)
@@ -234,19 +238,20 @@ class ResNetV2_50(keras.Model):
 
     scope = "resnet_v2_50"
 
-    def __init__(self, num_classes=10, keep_prob=0.6, bn_epsilon=1e-5, bn_momentum=0.997,
-                 weight_decay=WEIGHT_DECAY, blocks=RESNET_V2_50_BLOCKS, name="resnet_v2_50",
-                 **kwargs):
+    def __init__(self, num_classes: int = 10, keep_prob: float = 0.6, bn_epsilon: float = 1e-5,
+                 bn_momentum: float = 0.997, weight_decay: float = WEIGHT_DECAY,
+                 blocks: Sequence[Any] = RESNET_V2_50_BLOCKS, name: str = "resnet_v2_50",
+                 **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
         self.num_classes = num_classes
         self.keep_prob = keep_prob
         self.block_specs = tuple(blocks)
 
-        def batch_norm(name):
+        def batch_norm(name: str) -> SlimBatchNorm:
             return SlimBatchNorm(momentum=bn_momentum, epsilon=bn_epsilon, center=True, scale=True,
                                  name=name)
 
-        def conv(filters, kernel_size, stride, name, use_bias):
+        def conv(filters: int, kernel_size: int, stride: int, name: str, use_bias: bool) -> Any:
             # 'SAME' for stride 1; strided 3x3/7x7 convs get fixed_padding first, then 'VALID'
             # (a strided 1x1 conv needs no padding: 'SAME' and 'VALID' agree).
             padding = "same" if stride == 1 or kernel_size == 1 else "valid"
@@ -279,7 +284,7 @@ class ResNetV2_50(keras.Model):
         self.dropout = ReplicaDropout(1.0 - keep_prob, name="Logits_scope")
         self.fc = keras.layers.Dense(num_classes, name="Logits_fc")
 
-    def backbone(self, images, training=False):
+    def backbone(self, images: Any, training: bool = False) -> Any:
         """Images [B, H, W, 3] -> pooled features [B, 2048] (slim's net, squeezed)."""
         net = self.conv1(fixed_padding(images, 7))
         net = self.pool1(net)
@@ -290,13 +295,13 @@ class ResNetV2_50(keras.Model):
         net = ops.mean(net, axis=[1, 2], keepdims=True)  # 'pool5'
         return ops.squeeze(net, axis=[1, 2])
 
-    def call(self, images, training=False):
+    def call(self, images: Any, training: bool = False) -> Any:
         """Images -> logits [B, num_classes]; dropout is active only when training."""
         net = self.dropout(self.backbone(images, training=training), training=training)
         return self.fc(net)
 
 
-def resnet_v2_50(num_classes=10, keep_prob=0.6, **kwargs):
+def resnet_v2_50(num_classes: int = 10, keep_prob: float = 0.6, **kwargs: Any) -> ResNetV2_50:
     """A built `ResNetV2_50` (variables created on a [1, 32, 32, 3] batch of zeros)."""
     model = ResNetV2_50(num_classes=num_classes, keep_prob=keep_prob, **kwargs)
     model(ops.zeros([1, 32, 32, 3]), training=False)

@@ -17,8 +17,12 @@ initialises (the first op, tensor or `list_logical_devices` call), so call `conf
 first thing.  MirroredStrategy with no argument would only see GPUs (or the single `/cpu:0`), so
 the devices are named explicitly.
 """
+from __future__ import annotations
+
+import argparse
 import os
 import sys
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -40,7 +44,7 @@ GPU_MEMORY_VARIABLE = "REPLICA_GPU_MEMORY_MB"
 DEFAULT_GPU_MEMORY_MB = 4096
 
 
-def gpu_memory_per_replica_mb():
+def gpu_memory_per_replica_mb() -> int:
     """The memory limit of each logical GPU: $REPLICA_GPU_MEMORY_MB, default 4096 (MB)."""
     value = os.environ.get(GPU_MEMORY_VARIABLE, str(DEFAULT_GPU_MEMORY_MB))
     if not value.isdigit() or int(value) < 1:
@@ -49,7 +53,7 @@ def gpu_memory_per_replica_mb():
     return int(value)
 
 
-def configure_devices(num_replicas):
+def configure_devices(num_replicas: int) -> list[str]:
     """Make `num_replicas` devices available and return their names.
 
     GPUs are used when there are at least `num_replicas` of them, each taking memory as it needs it
@@ -93,7 +97,7 @@ def configure_devices(num_replicas):
     return [f"/cpu:{i}" for i in range(num_replicas)]
 
 
-def _check_started_with_enough(kind, num_replicas, error):
+def _check_started_with_enough(kind: str, num_replicas: int, error: Exception) -> None:
     """After a refused split: fine if the started runtime has enough logical `kind` devices, else
     DeviceSetupError."""
     have = len(tf.config.list_logical_devices(kind))
@@ -105,7 +109,7 @@ def _check_started_with_enough(kind, num_replicas, error):
             f"first thing in the process (TensorFlow says: {error}).") from None
 
 
-def placement_message(devices):
+def placement_message(devices: Sequence[str]) -> str:
     """One log line saying where the replicas are (the modern twin of the legacy tower line)."""
     if devices and devices[0].startswith("/gpu"):
         gpus = len(tf.config.list_physical_devices("GPU"))
@@ -121,11 +125,11 @@ def placement_message(devices):
 # One MirroredStrategy per set of devices and process.  Two strategies over the same devices in one
 # process (a test run, the parity harness) number their collective all-reduces from the same keys,
 # and one's reduce meets the other's: "Shape mismatch in the collective instance 100".
-_STRATEGIES = {}
+_STRATEGIES: dict[tuple[tuple[str, ...], str], Any] = {}
 REDUCTIONS = ("auto", "collective", "one_device")
 
 
-def cross_device_ops(devices, reduction="auto"):
+def cross_device_ops(devices: Sequence[str], reduction: str = "auto") -> Optional[Any]:
     """How the replicas' gradients are summed: None (MirroredStrategy's own choice) or an object.
 
     "collective": MirroredStrategy's default on CPUs, a collective all-reduce that first packs the
@@ -149,7 +153,8 @@ def cross_device_ops(devices, reduction="auto"):
     return None
 
 
-def make_strategy(num_replicas, log=print, reduction="auto"):
+def make_strategy(num_replicas: int, log: Optional[Callable[[str], Any]] = print,
+                  reduction: str = "auto") -> Any:
     """The MirroredStrategy over `configure_devices(num_replicas)`, after logging where replicas are.
 
     reduction: how gradients are summed across replicas (see `cross_device_ops`).
@@ -165,7 +170,7 @@ def make_strategy(num_replicas, log=print, reduction="auto"):
     return _STRATEGIES[key]
 
 
-def run_reporting_usage_errors(train, args):
+def run_reporting_usage_errors(train: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
     """`train(args)`; a UsageError becomes one line on stderr and exit code 2 (no traceback)."""
     try:
         train(args)
@@ -175,7 +180,7 @@ def run_reporting_usage_errors(train, args):
     return 0
 
 
-def enable_determinism(seed):
+def enable_determinism(seed: int) -> None:
     """Seed every generator (Python, numpy, TensorFlow, Keras) and make TF's kernels deterministic.
 
     `enable_op_determinism` makes ops that would pick a non-deterministic kernel (or reduce in a
@@ -187,14 +192,14 @@ def enable_determinism(seed):
     tf.config.experimental.enable_op_determinism()
 
 
-def add_seed_flags(parser):
+def add_seed_flags(parser: argparse.ArgumentParser) -> None:
     """The modern trainers' --seed and --deterministic (read by `seed_program`)."""
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: unseeded, as the original)")
     parser.add_argument("--deterministic", action="store_true",
                         help="seed everything (--seed, default 0) and enable op determinism")
 
 
-def seed_program(seed, deterministic):
+def seed_program(seed: Optional[int], deterministic: bool) -> None:
     """The modern trainers' --seed and --deterministic: determinism seeded with `seed` (0 when
     None), or only the generators seeded, or neither."""
     if deterministic:
@@ -207,13 +212,13 @@ def seed_program(seed, deterministic):
 # and `tf.summary.histogram` raise TBNotInstalledError.  TF's own summary ops (the ones the legacy
 # graph's `tf.summary.scalar` builds) write the same records, readable by TensorBoard and by
 # `tf.compat.v1.train.summary_iterator`; `write_raw_pb` puts them in the tf.summary default writer.
-def write_scalar(tag, value, step):
+def write_scalar(tag: str, value: Any, step: Any) -> Any:
     """Write one scalar summary (a legacy `simple_value`) to the default tf.summary writer."""
     summary = tf.raw_ops.ScalarSummary(tags=tag, values=tf.cast(value, tf.float32))
     return tf.summary.experimental.write_raw_pb(summary, step=step)
 
 
-def write_histogram(tag, values, step):
+def write_histogram(tag: str, values: Any, step: Any) -> Any:
     """Write one histogram summary (a legacy `histo`) to the default tf.summary writer."""
     summary = tf.raw_ops.HistogramSummary(tag=tag, values=values)
     return tf.summary.experimental.write_raw_pb(summary, step=step)

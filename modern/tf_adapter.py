@@ -9,10 +9,13 @@ by `tensorflow==2.21.*` in pyproject.toml).
 
 Imported where used, so that a TensorFlow release that moves them breaks only the multi-worker runs.
 """
+from __future__ import annotations
+
+from typing import Any
 
 
-def configure_coordination_service(num_workers, register_timeout_ms, heartbeat_timeout_ms,
-                                   shutdown_timeout_ms):
+def configure_coordination_service(num_workers: int, register_timeout_ms: int, heartbeat_timeout_ms: int,
+                                   shutdown_timeout_ms: int) -> None:
     """The service MultiWorkerMirroredStrategy configures (standalone, led by worker 0, every worker
     a coordinated task), with time limits and `cluster_register_with_barrier` set.
 
@@ -33,14 +36,14 @@ def configure_coordination_service(num_workers, register_timeout_ms, heartbeat_t
     ctx._coordination_service_config.cluster_register_with_barrier = True
 
 
-def stop_termination_watcher(handler):
+def stop_termination_watcher(handler: Any) -> None:
     """Release the thread a `tf.distribute.experimental.PreemptionCheckpointHandler` keeps blocked on
     a key of the chief's coordination service (private: the handler's own clean-up,
     `_stop_cluster_wise_termination_watcher_thread`)."""
     handler._stop_cluster_wise_termination_watcher_thread()
 
 
-def wait_at_barrier(name, timeout_ms):
+def wait_at_barrier(name: str, timeout_ms: int) -> None:
     """Wait until every worker reaches the coordination-service barrier `name` (private:
     `context.context().wait_at_barrier`)."""
     from tensorflow.python.eager import context

@@ -18,12 +18,17 @@ The converter reads the standard "CIFAR-10 python version" (`data_batch_1` .. `d
 `test_batch`: pickled dicts with b'data', N x 3072 uint8 in channel-major order, and b'labels') and
 writes `train.tfrecords` (50000) and `test.tfrecords` (10000).
 """
+from __future__ import annotations
+
+import argparse
 import os
 import pickle
 import sys
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from records import tfrecord
 from records.usage import ArgumentParser, at_least
@@ -66,7 +71,7 @@ FEATURES = {
 }
 
 
-def parser_tfrecords(record):
+def parser_tfrecords(record: Any) -> tuple[Any, Any]:
     """Parse one serialized example into (image uint8 [32, 32, 3], label int64 []).
 
     The original's `utils.parse_functions.parser_tfrecords`, which it maps over a `TFRecordDataset`.
@@ -77,7 +82,7 @@ def parser_tfrecords(record):
     return image, features["label"]
 
 
-def _example(image, label):
+def _example(image: np.ndarray, label: int) -> bytes:
     image = np.ascontiguousarray(image, dtype=np.uint8)
     return tf.train.Example(features=tf.train.Features(feature={
         "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
@@ -85,7 +90,7 @@ def _example(image, label):
     })).SerializeToString()
 
 
-def write_tfrecords(path, images, labels):
+def write_tfrecords(path: str, images: ArrayLike, labels: ArrayLike) -> str:
     """Write uint8 images [N, 32, 32, 3] (HWC) and integer labels [N] to `path` (atomically:
     `records.tfrecord.write_records`).  Returns `path`."""
     images = np.asarray(images)
@@ -98,7 +103,7 @@ def write_tfrecords(path, images, labels):
     return path
 
 
-def check_tfrecord_files(files):
+def check_tfrecord_files(files: Sequence[str]) -> list[int]:
     """Read every record of every file once; raise `CifarDataError` naming the first bad file.
 
     Catches what would otherwise surface mid-training as a `DataLossError` traceback: a missing
@@ -123,7 +128,7 @@ def check_tfrecord_files(files):
 # Preprocessing (the original imports these from utils.preprocess without showing them)
 # ---------------------------------------------------------------------------------------------
 
-def preprocess_for_test(image):
+def preprocess_for_test(image: Any) -> Any:
     """uint8 [32, 32, 3] -> float32 in [-1, 1]: x / 127.5 - 1.
 
     [-1, 1] is the input range of the slim `resnet_v2_*` checkpoints ("inception" preprocessing),
@@ -133,7 +138,7 @@ def preprocess_for_test(image):
     return tf.cast(image, tf.float32) / 127.5 - 1.0
 
 
-def preprocess_for_train(image):
+def preprocess_for_train(image: Any) -> Any:
     """The standard CIFAR augmentation, then `preprocess_for_test`'s scaling.
 
     Zero-pad to 40 x 40, take a random 32 x 32 crop, flip left-right with probability 1/2.
@@ -149,7 +154,7 @@ def preprocess_for_train(image):
 # Converter from the standard CIFAR-10 python distribution
 # ---------------------------------------------------------------------------------------------
 
-def load_cifar_batch(path):
+def load_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Read one pickled CIFAR-10 batch; return images uint8 [N, 32, 32, 3] (HWC) and labels int64 [N]."""
     if not os.path.isfile(path):
         raise CifarDataError(f"CIFAR-10 batch file not found: {path}")
@@ -171,7 +176,7 @@ def load_cifar_batch(path):
     return images, labels
 
 
-def convert_cifar10(src_dir, out_dir):
+def convert_cifar10(src_dir: str, out_dir: str) -> tuple[str, str]:
     """Convert `src_dir`'s data_batch_1..5 and test_batch into `out_dir`/train.tfrecords, test.tfrecords.
 
     Every input is read and checked before anything is written.  Returns (train_path, test_path).
@@ -192,7 +197,7 @@ def convert_cifar10(src_dir, out_dir):
 # The embedded default: a small, learnable, CIFAR-shaped synthetic set
 # ---------------------------------------------------------------------------------------------
 
-def synthetic_images(num, seed):
+def synthetic_images(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """`num` images of 10 classes: a class template (colour + oriented stripes) at a random
     phase, times a random contrast, plus heavy pixel noise.  Learnable, but not from one pixel."""
     rng = np.random.RandomState(seed)
@@ -211,14 +216,15 @@ def synthetic_images(num, seed):
     return np.clip(np.round(images), 0, 255).astype(np.uint8), labels.astype(np.int64)
 
 
-def make_synthetic(out_dir, num_train=SYNTHETIC_TRAIN, num_valid=SYNTHETIC_VALID, seed=SYNTHETIC_SEED):
+def make_synthetic(out_dir: str, num_train: int = SYNTHETIC_TRAIN, num_valid: int = SYNTHETIC_VALID,
+                   seed: int = SYNTHETIC_SEED) -> tuple[str, str]:
     """Write the synthetic set as `out_dir`/train.tfrecords and test.tfrecords; return their paths."""
     train_path = write_tfrecords(os.path.join(out_dir, TRAIN_FILE), *synthetic_images(num_train, seed))
     test_path = write_tfrecords(os.path.join(out_dir, TEST_FILE), *synthetic_images(num_valid, seed + 1))
     return train_path, test_path
 
 
-def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
+def ensure_default_data(data_dir: str = DEFAULT_DATA_DIR) -> tuple[list[str], list[str]]:
     """The embedded default data set in `data_dir`: ([train file], [valid file]).
 
     Made on first use, and made again when the files there do not hold SYNTHETIC_TRAIN and
@@ -235,7 +241,8 @@ def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
     return [train_path], [test_path]
 
 
-def resolve_files(data_dir, train_files, test_files, embedded_dir):
+def resolve_files(data_dir: Optional[str], train_files: Optional[list[str]], test_files: Optional[list[str]],
+                  embedded_dir: str) -> tuple[list[str], list[str], bool]:
     """(train files, test files, embedded?): what both CIFAR trainers read.
 
     No --data_dir, --train_tfrecords or --test_tfrecords: the embedded set in `embedded_dir` (made if
@@ -246,11 +253,12 @@ def resolve_files(data_dir, train_files, test_files, embedded_dir):
         return (*ensure_default_data(embedded_dir), True)
     if not data_dir and not (train_files and test_files):
         raise CifarDataError("give --data_dir, or both --train_tfrecords and --test_tfrecords")
-    return (train_files or [os.path.join(data_dir, TRAIN_FILE)],
-            test_files or [os.path.join(data_dir, TEST_FILE)], False)
+    # cast: data_dir is set wherever a list is missing (checked above), which mypy cannot follow.
+    return (train_files or [os.path.join(cast(str, data_dir), TRAIN_FILE)],
+            test_files or [os.path.join(cast(str, data_dir), TEST_FILE)], False)
 
 
-def add_profile_flags(parser, original, batch_help):
+def add_profile_flags(parser: argparse.ArgumentParser, original: Mapping[str, int], batch_help: str) -> None:
     """Both CIFAR trainers' --batch_size, --valid_batch_size and --epochs, left None when not given:
     `fill_profile` then sets them from the embedded profile or from `original`, the original's."""
     parser.add_argument("--batch_size", type=at_least(1), default=None,
@@ -264,7 +272,8 @@ def add_profile_flags(parser, original, batch_help):
                              f"{EMBEDDED_PROFILE['epochs']} on the embedded data)")
 
 
-def add_schedule_flags(parser, shuffle_buffer, boundaries, values):
+def add_schedule_flags(parser: argparse.ArgumentParser, shuffle_buffer: int, boundaries: Sequence[int],
+                       values: Sequence[float]) -> None:
     """Both CIFAR trainers' --shuffle_buffer, --boundaries and --values, with the original's values
     (each program's own constants) as defaults."""
     parser.add_argument("--shuffle_buffer", type=at_least(1), default=shuffle_buffer,
@@ -275,7 +284,7 @@ def add_schedule_flags(parser, shuffle_buffer, boundaries, values):
                         help="learning rates, one more than --boundaries")
 
 
-def check_schedule_flags(parser, args):
+def check_schedule_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse (parser.error: one line, exit 2) a schedule piecewise_constant cannot take."""
     if len(args.values) != len(args.boundaries) + 1:
         parser.error(f"--values needs one more entry than --boundaries ({len(args.boundaries) + 1}), "
@@ -284,7 +293,7 @@ def check_schedule_flags(parser, args):
         parser.error(f"--boundaries must increase, got {' '.join(map(str, args.boundaries))}")
 
 
-def fill_profile(args, profile, original):
+def fill_profile(args: argparse.Namespace, profile: Mapping[str, int], original: Mapping[str, int]) -> list[str]:
     """Give each size flag of `profile` left unset (None) in `args` the profile's value; return
     "key value (original x)" for each value so set that differs from `original`."""
     differ = []
@@ -296,7 +305,7 @@ def fill_profile(args, profile, original):
     return differ
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = ArgumentParser(prog="python -m records.cifar10", description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", help="folder of the CIFAR-10 python distribution, cifar-10-batches-py "
                                       "(default: none; give it or --synthetic)")

@@ -22,15 +22,18 @@ This module is shared by `legacy/` and `modern/`.  It holds:
 - `make_synthetic` / `ensure_default_data`: the embedded default, a small learnable MNIST-shaped
   set (seven-segment digits, jittered and noisy), so the programs run with no download.
 """
+from __future__ import annotations
+
 import gzip
 import os
 import sys
 import zlib
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from records import tfrecord
 from records.usage import ArgumentParser
@@ -62,7 +65,7 @@ FEATURES = {
 }
 
 
-def parser(record):
+def parser(record: Any) -> tuple[Any, Any]:
     """The original's `parser`: one serialized example -> (784 float32 pixels in 0..255, int32 label)."""
     features = tf.io.parse_single_example(record, features=FEATURES)
     decoded_image = tf.io.decode_raw(features['image_raw'], tf.uint8)
@@ -72,7 +75,7 @@ def parser(record):
     return retyped_image, label
 
 
-def parse_batch(records):
+def parse_batch(records: Any) -> tuple[Any, Any]:
     """`parser` over a batch of serialized examples at once: (float32 [B, 784], int32 [B]), the same
     values row for row.  One ParseExample and one DecodeRaw for the batch, where
     `tf.vectorized_map(parser, records)` falls back to a while loop for DecodeRaw."""
@@ -81,7 +84,7 @@ def parse_batch(records):
     return tf.cast(images, tf.float32), tf.cast(features['label'], tf.int32)
 
 
-def write_tfrecords(path, images, labels):
+def write_tfrecords(path: Union[str, os.PathLike[str]], images: ArrayLike, labels: ArrayLike) -> int:
     """Write `images` (N x 784 or N x 28 x 28, values 0..255) and `labels` (N, 0..9) in the original's format.
 
     The file appears under `path` only once fully written.  Returns the number of examples.
@@ -100,7 +103,7 @@ def write_tfrecords(path, images, labels):
     return tfrecord.write_records(path, map(_example, images, labels), MnistDataError)
 
 
-def _example(image, label):
+def _example(image: np.ndarray, label: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature={
         'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
         'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
@@ -108,7 +111,7 @@ def _example(image, label):
     })).SerializeToString()
 
 
-def load_tfrecords(path):
+def load_tfrecords(path: Union[str, os.PathLike[str]]) -> tuple[np.ndarray, np.ndarray]:
     """Read a whole TFRecord file back into numpy: (uint8 images N x 784, int64 labels N).
 
     Pure Python (no graph, no eager tensors), so it works in either TF mode.  Checks every record:
@@ -133,7 +136,7 @@ def load_tfrecords(path):
 # --------------------------------------------------------------------------------------------
 # IDX files (http://yann.lecun.com/exdb/mnist/ format)
 # --------------------------------------------------------------------------------------------
-def _read_idx_bytes(path):
+def _read_idx_bytes(path: Union[str, os.PathLike[str]]) -> bytes:
     """The file's bytes, gunzipped if it starts with the gzip magic (whatever its name)."""
     try:
         with open(path, 'rb') as f:
@@ -150,7 +153,8 @@ def _read_idx_bytes(path):
     return data
 
 
-def _header(path, data, expected_magic, num_dims, kind):
+def _header(path: Union[str, os.PathLike[str]], data: bytes, expected_magic: int, num_dims: int,
+            kind: str) -> tuple[list[int], int]:
     size = 4 + 4 * num_dims
     magic = int.from_bytes(data[:4], 'big')
     if len(data) < 4 or magic != expected_magic:
@@ -168,14 +172,14 @@ def _header(path, data, expected_magic, num_dims, kind):
     return dims, size
 
 
-def read_idx_images(path):
+def read_idx_images(path: Union[str, os.PathLike[str]]) -> np.ndarray:
     """An IDX3 images file (magic 2051), gzipped or not -> uint8 array N x rows x cols."""
     data = _read_idx_bytes(path)
     (n, rows, cols), offset = _header(path, data, IDX_IMAGES_MAGIC, 3, "images")
     return np.frombuffer(data, np.uint8, offset=offset).reshape(n, rows, cols)
 
 
-def read_idx_labels(path):
+def read_idx_labels(path: Union[str, os.PathLike[str]]) -> np.ndarray:
     """An IDX1 labels file (magic 2049), gzipped or not -> uint8 array N (values checked to be 0..9)."""
     data = _read_idx_bytes(path)
     (n,), offset = _header(path, data, IDX_LABELS_MAGIC, 1, "labels")
@@ -185,7 +189,8 @@ def read_idx_labels(path):
     return labels
 
 
-def convert_idx(images_path, labels_path, out_path):
+def convert_idx(images_path: Union[str, os.PathLike[str]], labels_path: Union[str, os.PathLike[str]],
+                out_path: Union[str, os.PathLike[str]]) -> int:
     """Convert a pair of MNIST IDX files to the original's TFRecord.  Returns the number of examples."""
     images = read_idx_images(images_path)
     labels = read_idx_labels(labels_path)
@@ -209,7 +214,7 @@ _SEGMENTS = {'a': (0, 0, 0, 11), 'b': (0, 11, 9, 11), 'c': (9, 11, 19, 11), 'd':
 _DIGITS = ['abcdef', 'bc', 'abged', 'abgcd', 'fgbc', 'afgcd', 'afgedc', 'abc', 'abcdefg', 'abcdfg']
 
 
-def _segment_images(thickness, slant):
+def _segment_images(thickness: int, slant: float) -> np.ndarray:
     """The seven segments (7 x 28 x 28, 0/1), strokes `thickness` px wide, sheared by `slant`."""
     out = np.zeros((len(_SEGMENTS), IMAGE_ROWS, IMAGE_COLS), np.float32)
     for k, (r0, c0, r1, c1) in enumerate(_SEGMENTS.values()):
@@ -221,7 +226,7 @@ def _segment_images(thickness, slant):
     return out
 
 
-def synthetic_arrays(num_examples, seed):
+def synthetic_arrays(num_examples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """`num_examples` MNIST-shaped images (uint8 N x 784, dark background, bright strokes) and labels.
 
     Each is a seven-segment digit with a random stroke width (2 or 3 px), slant, shift of up to
@@ -247,7 +252,7 @@ def synthetic_arrays(num_examples, seed):
     return images.reshape(num_examples, IMAGE_PIXELS), labels
 
 
-def make_synthetic(path, num_examples, seed):
+def make_synthetic(path: Union[str, os.PathLike[str]], num_examples: int, seed: int) -> int:
     """Write `num_examples` synthetic digits (see `synthetic_arrays`) to `path` via `write_tfrecords`."""
     images, labels = synthetic_arrays(num_examples, seed)
     return write_tfrecords(path, images, labels)
@@ -258,7 +263,7 @@ class DefaultData(NamedTuple):
     eval: str
 
 
-def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
+def ensure_default_data(data_dir: Union[str, os.PathLike[str]] = DEFAULT_DATA_DIR) -> DefaultData:
     """The embedded default data set, made on first use: (train path, held-out eval path).
 
     Deterministic (fixed seeds), so every clone makes the same bytes; written atomically, so an
@@ -277,7 +282,7 @@ def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
 # --------------------------------------------------------------------------------------------
 # Command line: the IDX converter
 # --------------------------------------------------------------------------------------------
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = ArgumentParser(
         prog="python -m records.mnist",
         description="Convert MNIST IDX files (gzipped or not) to the TFRecord format the MNIST programs read.")

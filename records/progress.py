@@ -7,9 +7,12 @@ Shared by both sides, like the data code: each program keeps its original's line
 the ETA from the average wall time per step so far (validation and summaries included), so that it
 counts what the rest of the run will cost.
 """
+from __future__ import annotations
+
+from typing import Optional
 
 
-def progress(step, total, elapsed, steps_done):
+def progress(step: int, total: Optional[int], elapsed: float, steps_done: int) -> str:
     """' [step k/N, ETA ...]' after `steps_done` steps took `elapsed` seconds; '' before any."""
     if steps_done <= 0 or total is None:
         return ""
@@ -17,7 +20,7 @@ def progress(step, total, elapsed, steps_done):
     return f" [step {step}/{total}, ETA {duration(left)}]"
 
 
-def duration(seconds):
+def duration(seconds: float) -> str:
     """1h02m, 2m31s or 45s."""
     seconds = int(round(seconds))
     if seconds >= 3600:

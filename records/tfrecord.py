@@ -10,8 +10,11 @@
   missing, truncated, corrupt or empty file raises `error` (the caller's `DataError` subclass) with
   one sentence naming the file.  Pure Python, so it works the same in TF1 graph code and TF2 eager.
 """
+from __future__ import annotations
+
 import os
 import tempfile
+from typing import Any, Iterable, Iterator, Union
 
 import tensorflow as tf
 
@@ -27,12 +30,13 @@ class DataError(ValueError):
     """A data file is missing, malformed or inconsistent; the message names the file and the problem."""
 
 
-def data_dir(name):
+def data_dir(name: str) -> str:
     """`./data/<name>`: where a data set lives, relative to the working directory."""
     return os.path.join(DATA_ROOT, name)
 
 
-def write_records(path, examples, error=DataError):
+def write_records(path: Union[str, os.PathLike[str]], examples: Iterable[bytes],
+                  error: type[Exception] = DataError) -> int:
     """Write `examples` (serialized tf.train.Example bytes) to `path` atomically; return the count."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
@@ -54,11 +58,11 @@ def write_records(path, examples, error=DataError):
     return count
 
 
-def _raw_records(path):
+def _raw_records(path: str) -> Iterator[bytes]:
     yield from tf.compat.v1.io.tf_record_iterator(str(path))
 
 
-def read_examples(path, error=DataError):
+def read_examples(path: Union[str, os.PathLike[str]], error: type[Exception] = DataError) -> Iterator[Any]:
     """Yield each record of `path` as a tf.train.Example; raise `error` naming the file when it is
     missing, truncated or corrupt (CRC), holds something other than Examples, or holds no record."""
     path = str(path)

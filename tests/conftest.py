@@ -24,6 +24,16 @@ if _workers > 1:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Two devices for the towers and replicas of the in-process tests, before TensorFlow's runtime starts
+# (pytest loads this file before any test module).  Tests that need more run the programs in processes
+# of their own.
+from modern.runtime import DeviceSetupError, configure_devices  # noqa: E402  (after the environment above)
+
+try:
+    configure_devices(2)
+except DeviceSetupError:
+    pass
+
 
 def run_program(args, cwd=None, timeout=600):
     """Run `python <args...>` from the repository root (or `cwd`) and return the CompletedProcess.

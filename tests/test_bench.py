@@ -1,4 +1,4 @@
-"""The benchmark (`compare/bench.py`) in its tiny configuration: it runs every worker process of it
+"""The benchmark (`benchmarks/bench.py`) in its tiny configuration: it runs every worker process of it
 and writes a JSON whose every field holds a sane value.  No timing is asserted (a shared 2-core
 machine gives any speed); the numbers checked are structural: counts, signs, FLOPs, ratios.
 """
@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from compare import bench
+from benchmarks import bench
 from conftest import run_program
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = run_program(["compare/bench.py", "--tiny", "--json", path], timeout=300)
+    proc = run_program(["benchmarks/bench.py", "--tiny", "--json", path], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(path.read_text())
 

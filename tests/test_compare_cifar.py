@@ -15,22 +15,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from modern.runtime import DeviceSetupError, configure_devices
 
-try:  # before TensorFlow's runtime starts: pytest imports every test module first
-    configure_devices(2)
-except DeviceSetupError:
-    pass
-
-from compare import harness, optimizers, sides as sides_module  # noqa: E402
-from compare.checks import basics, forward, splits, steps, trained  # noqa: E402
-from compare.checks.forward import grad_errors  # noqa: E402
-from compare.interface import StepResult  # noqa: E402
-from compare.pairs import cifar_resnet as cifar_pair  # noqa: E402
-from compare.report import tensor_error  # noqa: E402
-from legacy import cifar_resnet as legacy_cifar  # noqa: E402
-from modern import cifar_resnet as modern_cifar  # noqa: E402
-from modern import keras_adapter, resnet_v2  # noqa: E402
+from compare import harness, optimizers, sides as sides_module
+from compare.checks import basics, forward, splits, steps, trained
+from compare.checks.forward import grad_errors
+from compare.interface import StepResult
+from compare.pairs import cifar_resnet as cifar_pair
+from compare.report import tensor_error
+from legacy import cifar_resnet as legacy_cifar
+from modern import cifar_resnet as modern_cifar
+from modern import keras_adapter, resnet_v2
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4)
 
@@ -77,7 +71,7 @@ def test_harness_passes_on_the_real_programs(built):
         results += harness.run_groups(sides, [g for g in groups if g not in ("flags", "trained")], SETTINGS,
                                       log=lambda *_: None)
     results += trained.check_trained(built[0][0], dataclasses.replace(SETTINGS, quick=True), 0)
-    results += cifar_pair.extra_checks(built[0][0], SETTINGS, lambda *_: None)
+    results += cifar_pair.PAIR.extra_checks(built[0][0], SETTINGS, lambda *_: None)
     checks = by_check(results)
     assert failed(results) == []
     assert {name for name, r in checks.items() if r.status == "EXPECTED"} == {
@@ -101,7 +95,7 @@ def test_harness_passes_on_the_real_programs(built):
     assert checks["shuffled pipelines (two epochs)"].status == "PASS"
     assert checks["gradients (read out of the train step) (trained state)"].status == "PASS"
     # The derived model tolerance: from the logits' 1-ulp input sensitivity (ResNet-v2-50: ~1.6e-6).
-    model = built[0][0].tolerances["model"]
+    model = built[0][0].tol.model
     assert 1e-5 < model.rel_l2 < 1e-3 and "1-ulp input sensitivity" in model.derivation
 
 
@@ -184,7 +178,7 @@ def test_legacy_average_gradients_that_sums_fails_the_gradient_check(sides, monk
         planted = sides_module.build(sides.pair, sides.pairing, 2, sides.files, str(tmp_path),
                                      start_path=sides.start_path,
                                      modern=sides.modern, log=lambda *_: None)
-    planted.tolerances, planted.spread = sides.tolerances, sides.spread
+    planted.tolerances = sides.tolerances
     try:
         results = by_check(forward.check_training(planted))
     finally:

@@ -11,16 +11,11 @@ import pytest
 import tensorflow as tf
 
 from modern import mnist_multi_gpu as modern_mnist
-from modern.runtime import DeviceSetupError, configure_devices
 
-try:  # before TensorFlow's runtime starts: pytest imports every test module first
-    configure_devices(2)
-except DeviceSetupError:
-    pass
 
-from compare import harness  # noqa: E402
-from compare.pairs import mnist_multi_gpu as mnist_pair  # noqa: E402
-from records import mnist as mnist_records  # noqa: E402
+from compare import harness
+from compare.pairs import mnist_multi_gpu as mnist_pair
+from records import mnist as mnist_records
 
 STEPS = 4
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=STEPS, quick=True)
@@ -156,7 +151,7 @@ def test_a_pair_process_that_dies_is_a_fail_not_a_pass(tmp_path, capsys):
     from compare import run
     child = run.spawn("mnist", [sys.executable, "-c", "print('[   0.1s] mnist: starting'); raise SystemExit(3)"],
                       str(tmp_path / "never_written.json"))
-    results = run.finish_child(*child)
+    results = run.finish_child(child)
     assert [(r.model, r.status) for r in results] == [("mnist", "FAIL")]
     assert "exited 3 without a report" in results[0].note
     assert "[   0.1s] mnist: starting" in capsys.readouterr().out

@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from modern.runtime import DeviceSetupError, configure_devices
 
-try:  # before TensorFlow's runtime starts: pytest imports every test module first
-    configure_devices(2)
-except DeviceSetupError:
-    pass
-
-from compare import harness  # noqa: E402
-from conftest import run_program  # noqa: E402
-from examples.cifar10_tutorial import adapter, cifar10_input, modern_train  # noqa: E402
+from compare import harness
+from conftest import run_program
+from examples.cifar10_tutorial import adapter, cifar10_input, modern_train
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4, quick=True)
 

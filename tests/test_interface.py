@@ -10,17 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from modern.runtime import DeviceSetupError, configure_devices
 
-try:  # before TensorFlow's runtime starts: pytest imports every test module first
-    configure_devices(2)
-except DeviceSetupError:
-    pass
-
-import tiny_pair  # noqa: E402
-from compare import harness, optimizers, run  # noqa: E402
-from compare.interface import AdapterError, validate  # noqa: E402
-from compare.sides import HarnessError  # noqa: E402
+import tiny_pair
+from compare import harness, optimizers, run
+from compare.interface import AdapterError, validate
+from compare.sides import HarnessError
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=3)
 
@@ -67,8 +61,6 @@ def test_momentum_slots_convert_between_the_two_parameterisations():
     assert np.allclose(w - lr * a1, w + m1, atol=1e-6)
     assert np.allclose(optimizers.gradients_from_slots(tf1_rule, {"accum": a}, {"accum": a1}, lr), g)
     assert np.allclose(optimizers.gradients_from_slots(keras_rule, {"momentum": m}, {"momentum": m1}, lr), g, atol=1e-5)
-
-
 
 
 def test_an_adapter_without_the_interface_is_refused_by_name():

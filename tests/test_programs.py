@@ -6,45 +6,39 @@ import types
 
 import pytest
 
-from modern.runtime import DeviceSetupError, configure_devices
 
-try:  # before TensorFlow's runtime starts: pytest imports every test module first
-    configure_devices(2)
-except DeviceSetupError:
-    pass
-
-from compare import harness, programs  # noqa: E402
-from compare.pairs import mnist_multi_gpu as mnist_pair  # noqa: E402
-from conftest import run_program  # noqa: E402
-from legacy import mnist_multi_gpu as legacy_mnist  # noqa: E402
-from modern import mnist_multi_gpu  # noqa: E402
+from compare import harness, programs
+from compare.pairs import mnist_multi_gpu as mnist_pair
+from compare.programs import Programs
+from conftest import run_program
+from legacy import mnist_multi_gpu as legacy_mnist
+from modern import mnist_multi_gpu
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4, quick=True)
 
 
 def judged(tmp_path, **roles):
-    previous = programs.use(**roles)
-    try:
-        return harness.judge_pair(mnist_pair.PAIR, SETTINGS, str(tmp_path), log=lambda *_: None)
-    finally:
-        programs.use(**previous)
+    return harness.judge_pair(mnist_pair.make_pair(Programs.load(**roles)), SETTINGS, str(tmp_path),
+                              log=lambda *_: None)
 
 
 def test_this_repositorys_programs_implement_their_roles():
-    for role, name in programs.DEFAULTS.items():
-        assert getattr(programs, role).__name__ == name
-        assert programs.missing(getattr(programs, role), role) == []
+    defaults = Programs.load()
+    for role, spec in programs.ROLES.items():
+        assert getattr(defaults, role).__name__ == spec.default
+        assert programs.missing(getattr(defaults, role), role) == []
 
 
 def test_a_module_without_the_interface_is_refused_by_name_and_nothing_is_swapped():
     partial = types.ModuleType("partial_trainer")
     partial.parse_args = lambda argv=None: None
+    defaults = Programs.load()
     with pytest.raises(programs.InterfaceError, match="partial_trainer cannot be judged as modern_mnist: "
                                                       "it does not define get_input, same_batch_on_every_replica"):
-        programs.use(modern_mnist=partial)
-    assert programs.modern_mnist is mnist_multi_gpu
+        defaults.replace(modern_mnist=partial)
+    assert defaults.modern_mnist is mnist_multi_gpu
     with pytest.raises(programs.InterfaceError, match="unknown role 'modern_resnet'"):
-        programs.use(modern_resnet=mnist_multi_gpu)
+        Programs.load(modern_resnet=mnist_multi_gpu)
 
 
 def test_a_third_program_is_judged_by_the_same_checks(tmp_path):
@@ -58,7 +52,7 @@ def test_a_third_program_is_judged_by_the_same_checks(tmp_path):
     assert sorted(r.check for r in results if r.status == "FAIL") == [
         "deviation: lr schedule", "deviation: lr schedule (trained state)", "original: lr schedule",
         "original: lr schedule (trained state)"]
-    assert programs.modern_mnist is mnist_multi_gpu
+    assert mnist_pair.PAIR.modern.programs.modern_mnist is mnist_multi_gpu
 
 
 def test_a_third_legacy_program_is_judged_by_the_same_checks(tmp_path):
@@ -78,7 +72,7 @@ def test_a_third_legacy_program_is_judged_by_the_same_checks(tmp_path):
         for check in ("configuration (flags and what they build)", "lr schedule", "input pipelines", "variables",
                       "checkpoint round trip"):
             assert results[f"{label}: {check}"].status == "PASS", check
-    assert programs.legacy_mnist is legacy_mnist
+    assert mnist_pair.PAIR.legacy.programs.legacy_mnist is legacy_mnist
 
 
 def test_command_line_refuses_a_program_it_cannot_judge():

@@ -22,7 +22,7 @@ from test_mnist_data import write_idx
 README = (ROOT / "README.md").read_text()
 TRAINERS = ("legacy/cifar_resnet.py", "modern/cifar_resnet.py", "legacy/mnist_multi_gpu.py",
             "modern/mnist_multi_gpu.py")
-PACKAGES = ("legacy", "modern", "compare", "records", "examples")
+PACKAGES = ("legacy", "modern", "compare", "records", "examples", "benchmarks")
 
 
 def readme_commands():

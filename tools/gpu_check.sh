@@ -62,7 +62,7 @@ run modern_mnist      600 python modern/mnist_multi_gpu.py --towers 2 --max_step
 run modern_mnist_eval 300 python modern/mnist_eval.py
 run parity           1200 python compare/run.py --quick --report "$OUT/parity.json"
 # shellcheck disable=SC2086  # BATCHES is a list of numbers
-run bench            1800 python compare/bench.py --model cifar --replicas 2 --batch $BATCHES \
+run bench            1800 python benchmarks/bench.py --model cifar --replicas 2 --batch $BATCHES \
     --variants legacy-feed modern --warmup 5 --steps "$BENCH_STEPS" --repeats 2 --json "$OUT/bench.json"
 
 {

@@ -16,15 +16,20 @@ At every step each side's shadow update is predicted from its own values:
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import numpy as np
 
 from compare import tf1_graph
 from compare.report import judge, not_applicable, tensor_error
+from compare.report import Result
+from compare.report import TensorError
+from compare.sides import Sides, State
 
 FAR = 10 ** 9
 
 
-def decay_function(sides):
+def decay_function(sides: Sides) -> tuple[Callable[[float], float], bool]:
     """(d(n) from the legacy graph, whether the legacy averaging runs after the update)."""
     legacy = sides.legacy
     name = sorted(legacy.shadows)[0]
@@ -34,7 +39,7 @@ def decay_function(sides):
     return (lambda n: 1.0 - one_minus_at(n)), ordered
 
 
-def past_warm_up(d):
+def past_warm_up(d: Callable[[float], float]) -> int:
     """The first global step from which the decay is its final value (bisection), plus ten."""
     final = d(FAR)
     if d(0) == final:
@@ -46,7 +51,8 @@ def past_warm_up(d):
     return hi + 10
 
 
-def candidates(shadow, w_before, w_after, n_before, d):
+def candidates(shadow: np.ndarray, w_before: np.ndarray, w_after: np.ndarray, n_before: float,
+               d: Callable[[float], float]) -> dict[str, np.ndarray]:
     out = {}
     for w_name, w in (("w before", w_before), ("w after", w_after)):
         for n_name, n in (("step before", n_before), ("step after", n_before + 1)):
@@ -54,7 +60,7 @@ def candidates(shadow, w_before, w_after, n_before, d):
     return out
 
 
-def check_moving_averages(sides, steps, start=None, suffix=""):
+def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = None, suffix: str = "") -> list[Result]:
     """See the module docstring; from `start` (a state past the warm-up) every step is past it."""
     name = f"{sides.label}moving averages{suffix}"
     legacy, modern = sides.legacy, sides.modern
@@ -63,43 +69,45 @@ def check_moving_averages(sides, steps, start=None, suffix=""):
                                                       "(capability 'moving_averages')")]
     d, ordered = decay_function(sides)
     late = past_warm_up(d)
-    tol = sides.tolerances["optimizer"]
+    tol = sides.tol.optimizer
     half = max(1, steps // 2) if start is None else 0
     start = start or sides.start
     sides.set_both(start)
     names = sorted(legacy.shadows)
-    errors, gaps, seen = [], [], {}
+    errors: list[TensorError] = []
+    gaps: list[float] = []
+    seen: dict[str, int] = {}
     for k in range(steps):
         if k == half and half:  # jump both counters past the warm-up
             legacy.set_step(late)
             modern.optimizer.iterations.assign(late)
         before_l = legacy.state()
-        before_m = modern.snapshot()
+        before_m = modern.state()
         n_m = float(modern.iterations())
         batch = sides.batch(seed=300 + k)
         out_m = modern.step(batch, before=before_m)
-        _, tower_feed = legacy.feed(batch, True)
-        legacy.train(batch, sides.tower_masks(batch, tower_feed.rows, out_m["masks"], out_m["replicas"]))
+        legacy.step(batch, sides.masks_for(batch, out_m))
         after_l = legacy.state()
         after_wm, after_sm = modern.weights(names), modern.shadow_values()
+        shadows_l, after_shadows_l, shadows_m = before_l.shadows or {}, after_l.shadows or {}, before_m.shadows or {}
         for n in names:
-            s0 = before_l.shadows[n].astype(np.float64)
+            s0 = shadows_l[n].astype(np.float64)
             cands = candidates(s0, before_l.weights[n], after_l.weights[n], float(before_l.step), d)
             # The shadow is stored in float32: its update is a small difference of near-equal
             # numbers, so 2 ulps of the shadow per element count as exactly the tolerance.
-            floor = 2 * np.linalg.norm(np.spacing(np.abs(before_l.shadows[n]))) / tol.rel_l2
+            floor = 2 * np.linalg.norm(np.spacing(np.abs(shadows_l[n]))) / tol.rel_l2
             gaps.append(tensor_error("", cands["w before, step before"] - s0, cands["w after, step after"] - s0,
                                      floor).rel_l2)
             if ordered:
                 best = "w after, step after"
             else:
-                best = min(cands, key=lambda c: np.linalg.norm(after_l.shadows[n] - cands[c]))
+                best = min(cands, key=lambda c: np.linalg.norm(after_shadows_l[n] - cands[c]))
                 seen[best] = seen.get(best, 0) + 1
-            errors.append(tensor_error(f"step {k}: legacy {n} shadow update ({best})", after_l.shadows[n] - s0,
+            errors.append(tensor_error(f"step {k}: legacy {n} shadow update ({best})", after_shadows_l[n] - s0,
                                        cands[best] - s0, floor))
-            m0 = before_m.shadows[n].astype(np.float64)
+            m0 = shadows_m[n].astype(np.float64)
             predicted = candidates(m0, before_m.weights[n], after_wm[n], n_m, d)["w after, step after"]
-            floor_m = 2 * np.linalg.norm(np.spacing(np.abs(before_m.shadows[n]))) / tol.rel_l2
+            floor_m = 2 * np.linalg.norm(np.spacing(np.abs(shadows_m[n]))) / tol.rel_l2
             errors.append(tensor_error(f"step {k}: modern {n} shadow update", after_sm[n] - m0, predicted - m0,
                                        floor_m))
     regimes = (f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"

@@ -1,6 +1,8 @@
 """Configuration, variables, checkpoint round trip, input pipelines."""
 from __future__ import annotations
 
+from typing import Any, Callable, Iterator, Optional, Sequence
+
 import contextlib
 import os
 
@@ -9,18 +11,21 @@ import tensorflow as tf
 
 from compare import tf1_graph
 from compare.report import EPS32, judge, not_applicable, tensor_error
+from compare.report import Result, TensorError
+from compare.sides import Sides
 from compare.sides import row_key
 
 tf1 = tf.compat.v1
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray]  # one step's inputs, labels and each row's weight
 
 
-def tower_dests(parse_args, flag):
+def tower_dests(parse_args: Callable[[list[str]], Any], flag: str) -> set[str]:
     """The parsed attributes the tower flag sets (found by parsing two tower counts)."""
     a, b = vars(parse_args([flag, "3"])), vars(parse_args([flag, "4"]))
     return {k for k in a if a[k] == 3 and b.get(k) == 4}
 
 
-def check_config(sides):
+def check_config(sides: Sides) -> Result:
     """Both programs parse the same defaults, and the same non-default command lines
     (Pair.flag_values), to the same settings for every flag both accept; and they build what
     those settings say: each dropout's rate, each batch norm's decay and epsilon, the optimizer
@@ -51,7 +56,7 @@ def check_config(sides):
                  note=note)
 
 
-def built_settings(sides):
+def built_settings(sides: Sides) -> tuple[list[TensorError], list[str]]:
     """[errors], [notes]: the settings the two programs built, legacy (from the graph) against
     modern (from the layers found by type and the optimizer's configuration)."""
     legacy, modern = sides.legacy, sides.modern
@@ -66,7 +71,7 @@ def built_settings(sides):
             errors.append(tensor_error(f"dropout {k} rate", np.float32(layer.rate), np.float32(rate)))
         notes.append(f"{len(modern.dropouts)} dropout(s) at rate {', '.join(f'{float(r):g}' for r in rates)}")
     if legacy.moving or modern.batch_norms:
-        by_var = {}
+        by_var: dict[str, tf1_graph.MovingUpdate] = {}
         for u in legacy.moving:
             by_var.setdefault(u.variable.op.name, u)
         by_id = {id(v): n for n, v in modern.names.items()}
@@ -98,7 +103,7 @@ def built_settings(sides):
     return errors, notes
 
 
-def check_variables(sides):
+def check_variables(sides: Sides) -> Result:
     """The same variables after name mapping: names, shapes, trainable; one set for all towers
     (every trainable variable of the legacy graph is trained, once)."""
     legacy, modern = sides.legacy, sides.modern
@@ -115,7 +120,7 @@ def check_variables(sides):
     return judge(f"{sides.label}variables", sides.pair.name, [], "exact", ok=ok, note=note)
 
 
-def check_checkpoint_round_trip(sides):
+def check_checkpoint_round_trip(sides: Sides) -> Result:
     """The legacy Saver's checkpoint -> the modern model -> a TF1 checkpoint: every tensor bit for bit."""
     name = f"{sides.label}checkpoint round trip"
     build = sides.modern.build
@@ -140,7 +145,7 @@ def check_checkpoint_round_trip(sides):
 # Input pipelines
 
 @contextlib.contextmanager
-def shuffle_off():
+def shuffle_off() -> Iterator[None]:
     """Every `tf.data.Dataset.shuffle` the identity (the file order), for the duration."""
     classes = {tf.data.Dataset, tf1.data.Dataset}
     saved = {c: c.__dict__.get("shuffle") for c in classes}
@@ -156,12 +161,14 @@ def shuffle_off():
                 c.shuffle = method
 
 
-def legacy_batches(sess, pairs, initializers, towers_each, steps=None, rows=None):
+def legacy_batches(sess: Any, pairs: Sequence[Any], initializers: Sequence[Any], towers_each: int,
+                   steps: Optional[int] = None, rows: Optional[int] = None) -> list[Rows]:
     """Every step's rows from a legacy pipeline, until it runs out (or `steps` steps, or `rows` rows):
     [(x, y, weights)]; a batch fed to every tower counts once per tower (`towers_each`)."""
     for init in initializers:
         sess.run(init)
-    out, seen = [], 0
+    out: list[Rows] = []
+    seen = 0
     while (steps is None or len(out) < steps) and (rows is None or seen < rows):
         try:
             parts = sess.run(list(pairs))
@@ -174,7 +181,8 @@ def legacy_batches(sess, pairs, initializers, towers_each, steps=None, rows=None
     return out
 
 
-def modern_batches(dataset, steps=None, rows=None, towers_each=1):
+def modern_batches(dataset: Any, steps: Optional[int] = None, rows: Optional[int] = None,
+                   towers_each: int = 1) -> list[Rows]:
     """Every element of a modern dataset as (x, y, weights), until it runs out (or `steps`, or `rows`)."""
     out, seen = [], 0
     for element in (dataset if steps is None else dataset.take(steps)):
@@ -187,12 +195,12 @@ def modern_batches(dataset, steps=None, rows=None, towers_each=1):
     return out
 
 
-def same_rows(label, a, b, scale):
+def same_rows(label: str, a: Rows, b: Rows, scale: float) -> list[TensorError]:
     """Errors of one step's rows, legacy `a` against modern `b` ((x, y, weights) each): the same
     distinct rows (compared bit for bit), and each row's total weight the same (float32 weights of
     1/N copies sum to 1 within a few roundings: 4 eps32 per copy)."""
-    def grouped(x, y, w):
-        sums = {}
+    def grouped(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[bytes, float]:
+        sums: dict[bytes, float] = {}
         for i in range(len(x)):
             key = row_key(x[i], y[i])
             sums[key] = sums.get(key, 0.0) + float(w[i])
@@ -209,7 +217,7 @@ def same_rows(label, a, b, scale):
     return errors
 
 
-def check_pipelines(sides):
+def check_pipelines(sides: Sides) -> Result:
     """Both programs' own input pipelines on the harness's files (built with shuffling off: the
     file order): every step's rows of the whole run, the short last batch included, as the same
     multiset of rows, each row weighted as the step weighs it; and the validation pipelines."""
@@ -241,7 +249,7 @@ def check_pipelines(sides):
                  + "; shuffling off (the file order)")
 
 
-def runs(sizes):
+def runs(sizes: Sequence[int]) -> str:
     """[4, 4, 4, 1, 4, 4, 4, 1] -> '3 x 4, 1, 3 x 4, 1' (the rows of each step)."""
     out, i = [], 0
     while i < len(sizes):

@@ -20,20 +20,55 @@ twice with the same flags, and left out.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from compare import tf1_graph
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
+from compare.legacy_run import LegacyRun
+from compare.modern_run import ModernRun
 from compare.report import TensorError, judge, not_applicable
+from compare.checks.basics import Rows
+from compare.interface import Batch
+from compare.interface import optional
+from compare.report import Result
+from compare.sides import Sides
+from compare.state import Masks
 
 tf1 = tf.compat.v1
 PIPELINE_STEPS = 200   # at most this many training steps read (a pipeline that repeats forever)
 PROBES = (0, 1, 1000, 10 ** 5, 10 ** 6)
 
 
-def parse_quietly(parse_args, argv):
+class Key(NamedTuple):
+    """One entry of a side's fingerprint: what it is (an identifier) and of what (a step, a layer, a
+    dropout's index), with the sentence the report shows for it."""
+    what: str
+    of: Any = None
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.what].format(self.of)
+
+
+LABELS = {
+    "rows": "rows of each step", "valid_rows": "rows of each validation step",
+    "file_order": "a shuffled epoch starts in file order", "same_first_batch": "two builds give the same first batch",
+    "checksum": "checksum of the first batch", "dropout_rate": "dropout {} rate", "bn_decay": "{} decay",
+    "bn_epsilon": "{} epsilon", "optimizer": "optimizer", "learning_rate": "learning rate at step {}",
+    "ema_decay": "moving-average decay at step {}", "loss": "step: loss", "grad_norm": "step: gradients' norm",
+    "shadows": "step: moving averages after",
+}
+# What both sides' fingerprints say alike where a flag changes them (the rest is each side's own).
+COMPARABLE = frozenset({"rows", "valid_rows", "file_order", "learning_rate", "dropout_rate", "ema_decay"})
+ROWS = frozenset({"rows", "valid_rows"})
+Fingerprint = dict[Key, Any]
+
+
+def parse_quietly(parse_args: Callable[[list[str]], Any], argv: Sequence[str]) -> Any:
     """parse_args(argv), or None when the parser refuses it (argparse exits)."""
     import contextlib
     import io
@@ -44,7 +79,7 @@ def parse_quietly(parse_args, argv):
         return None
 
 
-def groups_of(argv_lists):
+def groups_of(argv_lists: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     """['--a', '1', '--b', '2', '3'] -> [('--a', '1'), ('--b', '2', '3')] for every argv list."""
     out = []
     for argv in argv_lists:
@@ -56,7 +91,7 @@ def groups_of(argv_lists):
     return [tuple(g) for g in out]
 
 
-def automatic_value(dest, default):
+def automatic_value(dest: str, default: Any) -> Optional[tuple[str, ...]]:
     """An argv that sets `dest` to something other than `default`, from the default's type."""
     flag = "--" + dest
     if isinstance(default, bool):
@@ -70,7 +105,8 @@ def automatic_value(dest, default):
     return None
 
 
-def value_for(dest, parse, base_argv, given):
+def value_for(dest: str, parse: Callable[[Sequence[str]], Any], base_argv: Sequence[str],
+              given: Sequence[tuple[str, ...]]) -> tuple[Optional[tuple[str, ...]], Any]:
     """(argv, parsed flags) that change `dest` from its value under `base_argv`: a group of
     Pair.flag_values that does, else one made from the type of the value; (None, None) if neither."""
     base = parse(base_argv)
@@ -88,20 +124,21 @@ def value_for(dest, parse, base_argv, given):
 # ---------------------------------------------------------------------------------------------
 # What each side builds, by level
 
-def legacy_pipeline(sides, flags):
+def legacy_pipeline(sides: Sides, flags: Any) -> Fingerprint:
     pair = sides.pair
-    if not callable(getattr(pair.legacy, "input_pipeline", None)):
+    input_pipeline = optional(pair.legacy, "input_pipeline")
+    if input_pipeline is None:
         return {}
 
-    def read(shuffled, seed=0):
+    def read(shuffled: bool, seed: int = 0) -> tuple[list[Rows], list[Rows]]:
         graph = tf1.Graph()
         with graph.as_default():
             tf1.set_random_seed(sides.seed + 11 + seed)
             if shuffled:
-                pipeline = pair.legacy.input_pipeline(flags, sides.towers, sides.files)
+                pipeline = input_pipeline(flags, sides.towers, sides.files)
             else:
                 with shuffle_off():
-                    pipeline = pair.legacy.input_pipeline(flags, sides.towers, sides.files)
+                    pipeline = input_pipeline(flags, sides.towers, sides.files)
         with tf1.Session(graph=graph) as sess:
             train = legacy_batches(sess, pipeline.train, pipeline.initializer, 1, PIPELINE_STEPS)
             valid = legacy_batches(sess, pipeline.valid, pipeline.valid_initializer, 1, PIPELINE_STEPS) \
@@ -110,24 +147,25 @@ def legacy_pipeline(sides, flags):
     return describe(read, sides.towers if sides.pairing.same_rows_on_every_tower else 1)
 
 
-def modern_pipeline(sides, flags):
+def modern_pipeline(sides: Sides, flags: Any) -> Fingerprint:
     pair = sides.pair
-    if not callable(getattr(pair.modern, "input_pipeline", None)):
+    input_pipeline = optional(pair.modern, "input_pipeline")
+    if input_pipeline is None:
         return {}
 
-    def read(shuffled, seed=0):
+    def read(shuffled: bool, seed: int = 0) -> tuple[list[Rows], list[Rows]]:
         if shuffled:
-            built = pair.modern.input_pipeline(flags, sides.towers, sides.files)
+            built = input_pipeline(flags, sides.towers, sides.files)
         else:
             with shuffle_off():
-                built = pair.modern.input_pipeline(flags, sides.towers, sides.files)
+                built = input_pipeline(flags, sides.towers, sides.files)
         train, valid = built if isinstance(built, tuple) else (built, None)
         return modern_batches(train, PIPELINE_STEPS), (modern_batches(valid, PIPELINE_STEPS)
                                                        if valid is not None else [])
     return describe(read, 1)
 
 
-def describe(read, towers_each):
+def describe(read: Callable[..., tuple[list[Rows], list[Rows]]], towers_each: int) -> Fingerprint:
     """The pipeline level's fingerprint from `read(shuffled, seed) -> (train batches, valid batches)`."""
     train_off, valid_off = read(False)
     train_again, _ = read(False, seed=1)
@@ -137,70 +175,68 @@ def describe(read, towers_each):
     shuffled = [key(x, y) for b in train_on for x, y in zip(b[0], b[1])]
     head = min(32, len(order))
     return {
-        "rows of each step": tuple(round(float(np.sum(w)) * towers_each, 6) for _, _, w in train_off),
-        "rows of each validation step": tuple(round(float(np.sum(w)), 6) for _, _, w in valid_off),
-        "a shuffled epoch starts in file order": shuffled[:head] == order[:head],
+        Key("rows"): tuple(round(float(np.sum(w)) * towers_each, 6) for _, _, w in train_off),
+        Key("valid_rows"): tuple(round(float(np.sum(w)), 6) for _, _, w in valid_off),
+        Key("file_order"): shuffled[:head] == order[:head],
         # As sets of rows: towers that each take the next batch of one stream take them in no fixed order.
-        "two builds give the same first batch": bool(train_off) and bool(train_again) and sorted(
+        Key("same_first_batch"): bool(train_off) and bool(train_again) and sorted(
             key(x, y) for x, y in zip(*train_off[0][:2])) == sorted(key(x, y) for x, y in zip(*train_again[0][:2])),
-        "checksum of the first batch": round(float(np.sum(np.asarray(train_off[0][0], np.float64))), 3)
-        if train_off else None,
+        Key("checksum"): round(float(np.sum(np.asarray(train_off[0][0], np.float64))), 3) if train_off else None,
     }
 
 
-def legacy_built(sides, flags):
+def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
     """The built level of the legacy program, from a build of its own with ONE tower (what a flag
     builds does not depend on the tower count, and a tower less is a build less)."""
-    from compare.sides import LegacyRun
     with shuffle_off():
         run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed)
     try:
         batch = sides.batch(seed=1)
-        feed, _ = run.feed(batch, True)
-        out = {f"dropout {run.dropout_index(d)} rate": round(float(run.sess.run(d.rate, feed)), 7)
-               for d in run.dropouts if d.tower == 0}
+        feed = run.feed(batch, True).feed_dict
+        out: Fingerprint = {Key("dropout_rate", run.dropout_index(d)): round(float(run.sess.run(d.rate, feed)), 7)
+                            for d in run.dropouts if d.tower == 0}
         decays = run.moving_decays()
         for u in run.moving:
             if u.tower in (0, None):
-                out[f"{u.variable.op.name} decay"] = round(decays[u.variable.op.name], 7)
-                out[f"{u.variable.op.name} epsilon"] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
+                out[Key("bn_decay", u.variable.op.name)] = round(decays[u.variable.op.name], 7)
+                out[Key("bn_epsilon", u.variable.op.name)] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
         rule = run.rule
-        out["optimizer"] = (rule.rule, rule.nesterov, round(rule.beta1, 7), round(rule.beta2, 7),
-                            round(rule.epsilon, 12), round(rule.momentum, 7))
-        out.update({f"learning rate at step {s}": run.learning_rate_at(s) for s in PROBES})
+        out[Key("optimizer")] = (rule.rule, rule.nesterov, round(rule.beta1, 7), round(rule.beta2, 7),
+                                 round(rule.epsilon, 12), round(rule.momentum, 7))
+        out.update({Key("learning_rate", s): run.learning_rate_at(s) for s in PROBES})
         if run.shadows:
             name = sorted(run.shadows)[0]
             _, _, one_minus = tf1_graph.shadow_update(run.graph, run.shadows[name])
             decay = tf1_graph.StepFunction(run.graph, one_minus, run.global_step_var, run.sess)
-            out.update({f"moving-average decay at step {s}": round(1 - decay(s), 9) for s in (0, 10 ** 6)})
+            out.update({Key("ema_decay", s): round(1 - decay(s), 9) for s in (0, 10 ** 6)})
         return out, run
     except BaseException:
         run.close()
         raise
 
 
-def modern_built(sides, flags):
+def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
     """The built level of the modern program, from a build of its own on ONE replica."""
     from compare import common
-    from compare.sides import ModernRun
     with shuffle_off():
         run = ModernRun(sides.pair, flags, common.make_strategy(1), sides.files, sides.legacy)
-    out = {f"dropout {k} rate": round(float(np.float32(layer.rate)), 7) for k, layer in enumerate(run.dropouts)}
+    out: Fingerprint = {Key("dropout_rate", k): round(float(np.float32(layer.rate)), 7)
+                        for k, layer in enumerate(run.dropouts)}
     by_id = {id(v): n for n, v in run.names.items()}
     for layer in run.batch_norms:
         name = by_id.get(id(layer.moving_mean), layer.name)
-        out[f"{name} decay"] = round(float(np.float32(layer.momentum)), 7)
-        out[f"{name} epsilon"] = float(np.float32(layer.epsilon))
+        out[Key("bn_decay", name)] = round(float(np.float32(layer.momentum)), 7)
+        out[Key("bn_epsilon", name)] = float(np.float32(layer.epsilon))
     rule = run.rule
-    out["optimizer"] = (rule.rule, rule.nesterov, round(float(np.float32(rule.beta1)), 7),
-                        round(float(np.float32(rule.beta2)), 7), round(rule.epsilon, 12),
-                        round(float(np.float32(rule.momentum)), 7))
+    out[Key("optimizer")] = (rule.rule, rule.nesterov, round(float(np.float32(rule.beta1)), 7),
+                             round(float(np.float32(rule.beta2)), 7), round(rule.epsilon, 12),
+                             round(float(np.float32(rule.momentum)), 7))
     from compare.checks.steps import modern_rate_at
-    out.update({f"learning rate at step {s}": float(np.float32(modern_rate_at(run, s))) for s in PROBES})
+    out.update({Key("learning_rate", s): float(np.float32(modern_rate_at(run, s))) for s in PROBES})
     return out, run
 
 
-def step_result(sides, run, side):
+def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
     """One training step from the common start, at a step past any warm-up (10^6) and with the shadows
     moved off the weights, so that their update shows the decay, on fixed rows: loss, gradients' norm,
     shadows after."""
@@ -208,28 +244,26 @@ def step_result(sides, run, side):
     if state.shadows:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
     batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one tower's (or replica's) rows
-    if side == "legacy":
-        run.set_state(state)
-        loss, _, grads, _ = run.train(batch, fixed(sides, run, batch))
+    if isinstance(run, LegacyRun):
+        run.restore(state)
+        outcome = run.step(batch, fixed(sides, run, batch))
         shadows = run.sess.run(dict(run.shadows)) if run.shadows else {}
     else:
-        lr = sides.legacy.learning_rate_at(state.step)
-        run.set_state(state, lr)
-        out = run.step(batch, before=state)
-        loss, grads = out["loss"], out["gradients"]
+        run.restore(state, sides.legacy.learning_rate_at(state.step))
+        outcome = run.step(batch, before=state)
         shadows = run.shadow_values()
-    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in grads.values()))
-    result = {"step: loss": round(loss, 6), "step: gradients' norm": round(norm, 6)}
+    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in outcome.gradients.values()))
+    result: Fingerprint = {Key("loss"): round(outcome.loss, 6), Key("grad_norm"): round(norm, 6)}
     if shadows:
-        result["step: moving averages after"] = round(sum(float(np.sum(v)) for v in shadows.values()), 5)
+        result[Key("shadows")] = round(sum(float(np.sum(v)) for v in shadows.values()), 5)
     return result
 
 
-def fixed(sides, run, batch):
+def fixed(sides: Sides, run: LegacyRun, batch: Batch) -> Masks:
     """Masks that keep every unit, for a legacy run without dropout noise."""
     if not run.dropouts:
         return None
-    _, feed = run.feed(batch, True)
+    feed = run.feed(batch, True).towers
     shapes = {run.dropout_index(d): tuple(d.noise.shape[1:]) for d in run.dropouts if d.tower == 0}
     return [[np.ones((len(r), *shapes[k]), np.float32) for r in feed.rows] for k in sorted(shapes)]
 
@@ -239,11 +273,12 @@ def fixed(sides, run, batch):
 class Side:
     """One side's fingerprints under some flags, computed level by level on demand."""
 
-    def __init__(self, sides, name, flags):
+    def __init__(self, sides: Sides, name: str, flags: Any):
         self.sides, self.name, self.flags = sides, name, flags
-        self._levels, self._run = {}, None
+        self._levels: dict[str, Fingerprint] = {}
+        self._run: Optional[Union[LegacyRun, ModernRun]] = None
 
-    def level(self, which):
+    def level(self, which: str) -> Fingerprint:
         if which not in self._levels:
             if which == "pipeline":
                 self._levels[which] = (legacy_pipeline if self.name == "legacy" else modern_pipeline)(
@@ -253,23 +288,75 @@ class Side:
                     self.sides, self.flags)
             else:
                 self.level("built")
-                self._levels[which] = step_result(self.sides, self._run, self.name)
+                assert self._run is not None
+                self._levels[which] = step_result(self.sides, self._run)
         return self._levels[which]
 
-    def close(self):
+    def close(self) -> None:
         if self._run is not None and self.name == "legacy":
             self._run.close()
 
 
-def changed(base, other, noisy):
-    return sorted(k for k in other if k not in noisy and base.get(k) != other.get(k))
+def changed(base: Fingerprint, other: Fingerprint, noisy: set[Key]) -> list[Key]:
+    """The entries of `other` that differ from `base`, `noisy` ones aside, in the order of their labels."""
+    return sorted((k for k in other if k not in noisy and base.get(k) != other.get(k)), key=lambda k: k.label)
 
 
-COMPARABLE = ("rows of each step", "rows of each validation step", "a shuffled epoch starts in file order",
-              "learning rate at step", "dropout", "moving-average decay at step")
+Sides2 = dict[str, Side]  # "legacy" / "modern" -> that side's fingerprints under some flags
 
 
-def check_flags(sides):
+def first_changes(baseline: Sides2, again: Sides2, trial: Sides2) -> tuple[dict[str, list[Key]], dict[str, str]]:
+    """Per side, what the trial flags change, at the first level (pipeline, built, step) where they
+    change anything, and that level.  The built level is deterministic (settings read off the build);
+    the others are measured twice, and what varies from one build to the next is left out."""
+    found: dict[str, list[Key]] = {}
+    seen_at: dict[str, str] = {}
+    for level in ("pipeline", "built", "step"):
+        for side in ("legacy", "modern"):
+            if side in found:
+                continue
+            noisy = set() if level == "built" else set(
+                changed(baseline[side].level(level), again[side].level(level), set()))
+            diff = changed(baseline[side].level(level), trial[side].level(level), noisy)
+            if diff:
+                found[side], seen_at[side] = diff, level
+        if len(found) == 2:
+            break
+    return found, seen_at
+
+
+def disagreements(trial: Sides2, found: dict[str, list[Key]], seen_at: dict[str, str]) -> list[str]:
+    """What both sides changed where the two are comparable, and do not agree on."""
+    differ = []
+    for key in set(found.get("legacy", [])) & set(found.get("modern", [])):
+        if key.what in COMPARABLE:
+            a, b = (trial["legacy"].level(seen_at["legacy"]).get(key),
+                    trial["modern"].level(seen_at["modern"]).get(key))
+            if key.what in ROWS and a is not None and b is not None:
+                # The steps both read: at the end of the data a legacy step whose towers each take the
+                # next batch raises OutOfRange as soon as one tower finds none.
+                a, b = a[:min(len(a), len(b))], b[:min(len(a), len(b))]
+            if a != b:
+                differ.append(f"{key.label}: legacy {a} vs modern {b}")
+    return differ
+
+
+def judge_flag(argv: Sequence[str], found: dict[str, list[Key]], differ: list[str]) -> TensorError:
+    """One flag's row: what it changes on each side (max_abs, max_rel: how many entries), FAIL (inf)
+    where it changes nothing on a side or the sides disagree."""
+    missing = [s for s in ("legacy", "modern") if s not in found]
+    if missing:
+        detail = f"changes nothing the {' and '.join(missing)} program builds"
+    elif differ:
+        detail = "; ".join(differ[:2])
+    else:
+        detail = (f"changes {', '.join(k.label for k in found['legacy'][:2])} / "
+                  f"{', '.join(k.label for k in found['modern'][:2])}")
+    return TensorError(f"{' '.join(argv)}: {detail}", float(len(found.get("legacy", []))),
+                       float(len(found.get("modern", []))), 0.0 if not missing and not differ else math.inf)
+
+
+def check_flags(sides: Sides) -> Result:
     """See the module docstring."""
     pair, name = sides.pair, f"{sides.label}flags through what they build"
     from compare.checks.basics import tower_dests
@@ -297,42 +384,8 @@ def check_flags(sides):
                 continue
             trial = {"legacy": Side(sides, "legacy", flags_l), "modern": Side(sides, "modern", flags_m)}
             opened += list(trial.values())
-            found, seen_at = {}, {}
-            for level in ("pipeline", "built", "step"):
-                for side in ("legacy", "modern"):
-                    if side in found:
-                        continue
-                    # The built level is deterministic (settings read off the build); the others are
-                    # measured twice for what varies from one build to the next.
-                    noisy = set() if level == "built" else set(
-                        changed(baseline[side].level(level), again[side].level(level), set()))
-                    diff = changed(baseline[side].level(level), trial[side].level(level), noisy)
-                    if diff:
-                        found[side], seen_at[side] = diff, level
-                if len(found) == 2:
-                    break
-            differ = []
-            for key in set(found.get("legacy", [])) & set(found.get("modern", [])):
-                if key.startswith(COMPARABLE):
-                    a, b = (trial["legacy"].level(seen_at["legacy"]).get(key),
-                            trial["modern"].level(seen_at["modern"]).get(key))
-                    if key.startswith("rows of each"):
-                        # The steps both read: at the end of the data a legacy step whose towers each
-                        # take the next batch raises OutOfRange as soon as one tower finds none.
-                        a, b = a[:min(len(a), len(b))], b[:min(len(a), len(b))]
-                    if a != b:
-                        differ.append(f"{key}: legacy {a} vs modern {b}")
-            missing = [s for s in ("legacy", "modern") if s not in found]
-            ok = not missing and not differ
-            what = ' '.join(argv)
-            if missing:
-                detail = f"changes nothing the {' and '.join(missing)} program builds"
-            elif differ:
-                detail = "; ".join(differ[:2])
-            else:
-                detail = f"changes {', '.join(found['legacy'][:2])} / {', '.join(found['modern'][:2])}"
-            errors.append(TensorError(f"{what}: {detail}", float(len(found.get("legacy", []))),
-                                      float(len(found.get("modern", []))), 0.0 if ok else math.inf))
+            found, seen_at = first_changes(baseline, again, trial)
+            errors.append(judge_flag(argv, found, disagreements(trial, found, seen_at)))
             notes.append(f"{flag} ({seen_at.get('legacy', '-')}/{seen_at.get('modern', '-')})")
             for s in trial.values():
                 s.close()

@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple, Optional
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from compare import common
+from compare import tf1_graph
+from compare.interface import Batch, TowerFeed
 from compare.report import EPS32, Tolerance, judge, not_applicable, share_floors, tensor_error
+from compare.modern_run import ModernRun
+from compare.report import Result, TensorError
+from compare.state import Masks
+from compare.sides import Sides, State, StepOutcome, TowerRows
 
 # A bias whose gradient is below this fraction of its layer's weight gradient holds round-off only:
 # its true gradient is zero (a bias that feeds a batch norm in training mode: the normalisation
@@ -15,7 +23,7 @@ from compare.report import EPS32, Tolerance, judge, not_applicable, share_floors
 FREE = 1e-5
 
 
-def sibling_weights(name, grads):
+def sibling_weights(name: str, grads: Mapping[str, Any]) -> Optional[str]:
     """The weight (kernel) variable beside a bias, by TF1's naming: x/biases -> x/weights, x/bias -> x/kernel."""
     for bias, weights in (("/biases", "/weights"), ("/bias", "/kernel")):
         if name.endswith(bias) and name[:-len(bias)] + weights in grads:
@@ -23,7 +31,7 @@ def sibling_weights(name, grads):
     return None
 
 
-def free_biases(grads):
+def free_biases(grads: Mapping[str, Any]) -> list[str]:
     """The biases whose gradient (in `grads`, the legacy program's) is round-off only: below FREE
     times their layer's weight gradient."""
     out = []
@@ -35,7 +43,9 @@ def free_biases(grads):
     return sorted(out)
 
 
-def grad_errors(legacy, modern, names=None, free=None, extra=None):
+def grad_errors(legacy: Mapping[str, Any], modern: Mapping[str, Any], names: Optional[Sequence[str]] = None,
+                free: Optional[Sequence[str]] = None,
+                extra: Optional[Mapping[str, float]] = None) -> list[TensorError]:
     """Per-variable errors, each relative to max(its own norm, its even share of the total norm,
     `extra`[name]) and, for a free bias (`free_biases` of the legacy gradients), its layer's weight
     gradient's norm."""
@@ -51,28 +61,35 @@ def grad_errors(legacy, modern, names=None, free=None, extra=None):
     return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n]), names)
 
 
-def gradient_errors(sides, legacy, modern, free=None):
+def gradient_errors(sides: Sides, legacy: Mapping[str, Any], modern: Mapping[str, Any],
+                    free: Optional[Sequence[str]] = None) -> list[TensorError]:
     """grad_errors with each tensor's repeat spread as a floor: a gradient that differs by
     ||spread|| when the legacy program computes it twice may differ by MARGIN times that."""
     from compare.tolerances import MARGIN
-    tol = sides.tolerances["model"].rel_l2
-    extra = {n: MARGIN * s / tol for n, s in (sides.spread or {}).items() if s > 0}
+    tol = sides.tol.model.rel_l2
+    extra = {n: MARGIN * s / tol for n, s in sides.tol.spread.items() if s > 0}
     return grad_errors(legacy, modern, free=free, extra=extra)
 
 
-def step_both(sides, batch, state, towers=None):
+class BothSteps(NamedTuple):
+    """One batch on both sides from one state: the legacy gradients (nothing applied), the modern
+    step, and how the legacy program handed the batch to its towers."""
+    legacy: StepOutcome
+    modern: StepOutcome
+    towers: TowerFeed
+
+
+def step_both(sides: Sides, batch: Batch, state: State, towers: Optional[TowerRows] = None) -> BothSteps:
     """From `state`, the modern train step on `batch`, then the legacy gradients with the masks the
-    modern step drew, for the rows each tower sees.  Returns (legacy loss, legacy gradients, the
-    modern step's dict, the TowerFeed)."""
-    _, tower_feed = sides.legacy.feed(batch, True, towers=towers)  # first: NotFed before any step runs
+    modern step drew, for the rows each tower sees."""
+    tower_feed = sides.legacy.feed(batch, True, towers=towers).towers  # first: NotFed before any step runs
     sides.set_both(state)
     step = sides.modern.step(batch, before=state)
-    masks = sides.tower_masks(batch, tower_feed.rows, step["masks"], step["replicas"])
-    loss, grads = sides.legacy.gradients(batch, masks, towers=towers)
-    return loss, grads, step, tower_feed
+    masks = sides.tower_masks(batch, tower_feed.rows, step.masks, step.replicas)
+    return BothSteps(sides.legacy.gradients(batch, masks, towers=towers), step, tower_feed)
 
 
-def check_inference(sides):
+def check_inference(sides: Sides) -> Result:
     """Inference mode (the program's validation feed): each legacy tower's logits against the
     model's on the same rows."""
     sides.set_both(sides.start)
@@ -82,11 +99,11 @@ def check_inference(sides):
     predicted = sides.modern.predict(batch.x)
     errors = [tensor_error(f"tower {i} logits ({len(rows)} rows)", out, predicted[np.asarray(rows, int)])
               for i, (out, rows) in enumerate(zip(logits, tower_feed.rows)) if len(rows)]
-    return judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tolerances["model"],
+    return judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tol.model,
                  note=f"{batch.rows} rows, logits of {len(errors)} towers against the model's")
 
 
-def check_dropout(sides, units=2 ** 23):
+def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
     """Each dropout in training mode on a large input of ones (~8M units per tower): the kept
     fraction is 1 - rate within 5 sigma of binomial noise, kept units are scaled by exactly
     1 / (1 - rate), and different towers (replicas) draw different masks (independent masks agree on
@@ -97,13 +114,13 @@ def check_dropout(sides, units=2 ** 23):
     if not legacy.dropouts and not modern.dropouts:
         return not_applicable(name, sides.pair.name, "neither program has a dropout")
     batch = sides.batch(seed=4)
-    feed, _ = legacy.feed(batch, True)
+    feed = legacy.feed(batch, True).feed_dict
     errors, notes, ok = [], [], True
-    by_k = {}
+    by_k: dict[int, list[tf1_graph.Dropout]] = {}
     for d in legacy.dropouts:
         by_k.setdefault(legacy.dropout_index(d), []).append(d)
     if len(by_k) != len(modern.dropouts):
-        return judge(name, sides.pair.name, [], sides.tolerances["model"], ok=False,
+        return judge(name, sides.pair.name, [], sides.tol.model, ok=False,
                      note=f"the legacy towers have {len(by_k)} dropouts each, the model {len(modern.dropouts)}")
     for k in sorted(by_k):
         ds = sorted(by_k[k], key=lambda d: d.tower or 0)
@@ -140,7 +157,7 @@ def check_dropout(sides, units=2 ** 23):
                  note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
 
 
-def modern_dropout(modern, k, rows, shape, replicas):
+def modern_dropout(modern: ModernRun, k: int, rows: int, shape: tuple[int, ...], replicas: int) -> list[np.ndarray]:
     """Dropout layer k of the model in training mode on ones [rows, *shape], on every replica; its
     seed put back afterwards."""
     import tensorflow as tf
@@ -148,7 +165,7 @@ def modern_dropout(modern, k, rows, shape, replicas):
     before = [s.numpy() for s in modern.seeds]
 
     @tf.function
-    def draw():
+    def draw() -> Any:
         with modern.strategy.scope():
             return modern.strategy.run(lambda: layer(tf.ones([rows, *shape]), training=True))
 
@@ -158,32 +175,31 @@ def modern_dropout(modern, k, rows, shape, replicas):
     return out
 
 
-def check_training(sides, state=None, suffix=""):
+def check_training(sides: Sides, state: Optional[State] = None, suffix: str = "") -> list[Result]:
     """Training mode on one batch from the common start (or `state`): the legacy combined loss and
     averaged gradients (the graph's `loss` and `grads_and_vars`) against the modern train step's loss
     and the gradients it applied, with the masks the modern dropout drew fed to the legacy towers."""
     batch = sides.batch(seed=3)
-    loss_l, grads_l, step, _ = step_both(sides, batch, state or sides.start)
+    both = step_both(sides, batch, state or sides.start)
+    grads_l, step = both.legacy.gradients, both.modern
     free = free_biases(grads_l)
-    rows = [len(r[0]) for r in step["replicas"]]
     return [judge(f"{sides.label}forward (training, same dropout masks){suffix}", sides.pair.name,
-                  [tensor_error("loss", loss_l, step["loss"])], sides.tolerances["model"],
-                  note=f"rows per replica {rows}"),
+                  [tensor_error("loss", both.legacy.loss, step.loss)], sides.tol.model,
+                  note=f"rows per replica {step.rows}"),
             judge(f"{sides.label}gradients (read out of the train step){suffix}", sides.pair.name,
-                  gradient_errors(sides, grads_l, step["gradients"], free=free), sides.tolerances["model"],
+                  gradient_errors(sides, grads_l, step.gradients, free=free), sides.tol.model,
                   note=f"{len(grads_l)} variables ({len(free)} free biases: round-off only), legacy grads_and_vars "
-                       f"vs the modern step's, {step['source']}",
-                  extra={"free": free})]
+                       f"vs the modern step's, {step.source}",
+                  extra={"free": free, "plot": "gradients" if not suffix else ""})]
 
 
-def check_free_variables(sides):
+def check_free_variables(sides: Sides) -> Result:
     """The free biases (`free_biases`): the training loss does not depend on them: the modern train
     step from the start and from the start with those biases moved by +-0.1 gives the same loss."""
     name = f"{sides.label}free biases (zero gradient)"
     batch = sides.batch(seed=3)
-    sides.legacy.set_state(sides.start)
-    _, grads = sides.legacy.gradients(batch, fixed_ones(sides, batch))
-    free = free_biases(grads)
+    sides.legacy.restore(sides.start)
+    free = free_biases(sides.legacy.gradients(batch, fixed_ones(sides, batch)).gradients)
     if not free:
         return not_applicable(name, sides.pair.name, "no bias has a gradient below "
                                                      f"{FREE:g} of its layer's weight gradient")
@@ -198,17 +214,17 @@ def check_free_variables(sides):
             s.assign(value)
         state = sides.start.replace(weights=weights)
         sides.set_both(state)
-        losses.append(sides.modern.step(batch, before=state)["loss"])
-    return judge(name, sides.pair.name, [tensor_error("loss", losses[1], losses[0])], sides.tolerances["model"],
+        losses.append(sides.modern.step(batch, before=state).loss)
+    return judge(name, sides.pair.name, [tensor_error("loss", losses[1], losses[0])], sides.tol.model,
                  note=f"{len(free)} biases each moved by +-0.1: the training loss is the same")
 
 
-def fixed_ones(sides, batch):
+def fixed_ones(sides: Sides, batch: Batch) -> Masks:
     """Masks that keep every unit (noise 1 >= any rate): a legacy training pass without dropout noise."""
     legacy = sides.legacy
     if not legacy.dropouts:
         return None
-    _, tower_feed = legacy.feed(batch, True)
+    tower_feed = legacy.feed(batch, True).towers
     ks = sorted({legacy.dropout_index(d) for d in legacy.dropouts})
     shapes = {legacy.dropout_index(d): tuple(d.noise.shape[1:]) for d in legacy.dropouts if d.tower == 0}
     return [[np.ones((len(rows), *shapes[k]), np.float32) for rows in tower_feed.rows] for k in ks]

@@ -1,14 +1,50 @@
 """Free-running trajectories against the system's own sensitivity (the chaos floor)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from compare.report import TensorError, judge
+from compare.interface import Batch
+from compare.report import Result
+from compare.state import Masks
+from compare.sides import Sides, State
 
 FACTOR = 2.0  # the port may drift at most this much faster than the legacy program drifts from itself
 
 
-def check_free_running(sides, steps, factor=FACTOR, start=None, suffix=""):
+def modern_trajectory(sides: Sides, start: State, steps: int,
+                      names: list[str]) -> tuple[list[Batch], list[Masks], list[float], list[np.ndarray]]:
+    """The port trained freely from `start`: each step's batch, the masks it drew (for the legacy
+    towers' rows), its loss, and the trainable weights after it."""
+    modern = sides.modern
+    sides.set_both(start)
+    batches, masks, losses, weights = [], [], [], []
+    for k in range(steps):
+        batch = sides.batch(seed=200 + k)
+        out = modern.step(batch, before=modern.state())
+        batches.append(batch)
+        masks.append(sides.masks_for(batch, out))
+        losses.append(out.loss)
+        weights.append(np.concatenate([modern.names[n].numpy().ravel() for n in names]))
+    return batches, masks, losses, weights
+
+
+def legacy_trajectory(sides: Sides, start: State, batches: list[Batch], masks: list[Masks],
+                      names: list[str]) -> tuple[list[float], list[np.ndarray]]:
+    """The legacy program trained from `start` on the same batches and masks: losses, weights after each step."""
+    legacy = sides.legacy
+    legacy.restore(start)
+    losses, weights = [], []
+    for batch, m in zip(batches, masks):
+        losses.append(legacy.step(batch, m).loss)
+        weights.append(np.concatenate([v.ravel() for v in legacy.sess.run([legacy.by_name[n] for n in names])]))
+    return losses, weights
+
+
+def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: Optional[State] = None,
+                       suffix: str = "") -> Result:
     """Both programs train freely for K steps from the common start, on the same rows with the same
     dropout masks; the legacy program trains again from the start moved by one float32 ulp in every
     weight.  At every step the legacy-modern distance of the weights (relative to how far the legacy
@@ -18,34 +54,18 @@ def check_free_running(sides, steps, factor=FACTOR, start=None, suffix=""):
     loss, unless the trajectory is chaotic.  Catches what the restart check cannot: slow drift,
     optimizer state carried wrong from step to step, a schedule that goes wrong between the checked
     steps, a regulariser that only shows in the loss."""
-    legacy, modern = sides.legacy, sides.modern
-    model_tol = sides.tolerances["model"].rel_l2
+    legacy = sides.legacy
+    model_tol = sides.tol.model.rel_l2
     names = sorted(legacy.trainable)
     start = start or sides.start
     w0 = np.concatenate([start.weights[n].ravel() for n in names]).astype(np.float64)
+    batches, masks, losses_m, traj_m = modern_trajectory(sides, start, steps, names)
     perturbed = dict(start.weights)
     for n in names:
         perturbed[n] = np.nextafter(perturbed[n], np.float32(np.inf))
-    sides.set_both(start)
-    batches, masks, losses_m, traj_m = [], [], [], []
-    for k in range(steps):
-        batch = sides.batch(seed=200 + k)
-        before = modern.snapshot()
-        out = modern.step(batch, before=before)
-        _, feed = legacy.feed(batch, True)
-        batches.append(batch)
-        masks.append(sides.tower_masks(batch, feed.rows, out["masks"], out["replicas"]))
-        losses_m.append(out["loss"])
-        traj_m.append(np.concatenate([modern.names[n].numpy().ravel() for n in names]))
-    runs = {}
+    runs: dict[str, tuple[list[float], list[np.ndarray]]] = {}
     for label, weights in (("legacy", start.weights), ("perturbed", perturbed)):
-        legacy.set_state(start.replace(weights=weights))
-        runs[label] = ([], [])
-        for batch, m in zip(batches, masks):
-            loss, _, _, _ = legacy.train(batch, m)
-            runs[label][0].append(loss)
-            runs[label][1].append(np.concatenate([v.ravel() for v in legacy.sess.run(
-                [legacy.by_name[n] for n in names])]))
+        runs[label] = legacy_trajectory(sides, start.replace(weights=weights), batches, masks, names)
     resolution = np.linalg.norm(np.spacing(np.abs(w0).astype(np.float32)))
     rows = []
     for k in range(steps):

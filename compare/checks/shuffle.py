@@ -20,64 +20,88 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
+from typing import Any, Sequence
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
 from compare.report import TensorError, Tolerance, judge, not_applicable
+from compare.interface import DataFiles
+from compare.interface import optional
+from compare.report import Result
+from compare.sides import Sides
 
 tf1 = tf.compat.v1
+Row = tuple[np.ndarray, np.ndarray]  # one row's input and label
 ALPHA = 1e-6
 SIGMAS = 5
 
 
-def legacy_rows(sides, flags, files, rows, shuffled=True):
+def legacy_rows(sides: Sides, flags: Any, files: DataFiles, rows: int, shuffled: bool = True) -> list[Row]:
     """At least `rows` of the legacy pipeline's rows, in order, from a graph of their own."""
     graph = tf1.Graph()
     with graph.as_default():
         if shuffled:
             tf1.set_random_seed(sides.seed + 11)
-            pipeline = sides.pair.legacy.input_pipeline(flags, sides.towers, files)
+            pipeline = required(sides.pair.legacy, "input_pipeline")(flags, sides.towers, files)
         else:
             with shuffle_off():
-                pipeline = sides.pair.legacy.input_pipeline(flags, sides.towers, files)
+                pipeline = required(sides.pair.legacy, "input_pipeline")(flags, sides.towers, files)
     with tf1.Session(graph=graph) as sess:
         batches = legacy_batches(sess, pipeline.train, pipeline.initializer, 1, rows=rows)
     return [row for x, y, _ in batches for row in zip(x, y)]
 
 
-def modern_rows(sides, flags, files, rows, shuffled=True):
+def modern_rows(sides: Sides, flags: Any, files: DataFiles, rows: int, shuffled: bool = True) -> list[Row]:
     """At least `rows` of the modern pipeline's rows, in order."""
     n = sides.towers
     if shuffled:
-        dataset = sides.pair.modern.input_pipeline(flags, n, files)
+        dataset = required(sides.pair.modern, "input_pipeline")(flags, n, files)
     else:
         with shuffle_off():
-            dataset = sides.pair.modern.input_pipeline(flags, n, files)
+            dataset = required(sides.pair.modern, "input_pipeline")(flags, n, files)
     dataset = dataset[0] if isinstance(dataset, tuple) else dataset  # (train, valid): the training one
     copies = sides.towers if sides.pairing.same_rows_on_every_tower else 1  # one batch tiled for every replica
     return [row for x, y, w in modern_batches(dataset, rows=rows * copies)
             for row in list(zip(x, y))[:len(x) // copies]]
 
 
-def keys(rows):
+def required(side: object, method: str) -> Callable[..., Any]:
+    """An optional method the check's capability requires (checked by check_shuffle)."""
+    found = optional(side, method)
+    if found is None:
+        raise AttributeError(f"{type(side).__name__} has no {method}")
+    return found
+
+
+def keys(rows: Sequence[Row]) -> list[bytes]:
     from compare.sides import row_key
     return [row_key(x, y) for x, y in rows]
 
 
-def statistics(stream, index, rows):
-    """(epoch 1 is a permutation, displacements, neighbours-kept fraction, epochs-alike fraction)."""
+class ShuffleStats(NamedTuple):
+    """One side's shuffle, as the module docstring defines its statistics."""
+    permutation: bool          # epoch 1 holds every row once
+    displacement: np.ndarray   # each row's position in epoch 1 minus its index in the file
+    neighbours: float          # the fraction of consecutive rows of epoch 1 that are neighbours in the file
+    alike: float               # the fraction of positions holding the same row in both epochs
+
+
+def statistics(stream: list[bytes], index: dict[bytes, int], rows: int) -> ShuffleStats:
+    """The statistics of two epochs of a stream of row keys, `index` giving each row's place in the file."""
     first = [index.get(k, -1) for k in stream[:rows]]
     second = [index.get(k, -1) for k in stream[rows:2 * rows]]
     permutation = sorted(first) == list(range(rows))
     displacement = np.array([p - i for p, i in enumerate(first)], np.float64)
     neighbours = float(np.mean([abs(a - b) == 1 for a, b in zip(first, first[1:])]))
     alike = float(np.mean([a == b for a, b in zip(first, second)])) if len(second) == rows else float("nan")
-    return permutation, displacement, neighbours, alike
+    return ShuffleStats(permutation, displacement, neighbours, alike)
 
 
-def ks_statistic(a, b):
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
     """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
     values = np.sort(np.concatenate([a, b]))
     cdf_a = np.searchsorted(np.sort(a), values, side="right") / len(a)
@@ -85,15 +109,15 @@ def ks_statistic(a, b):
     return float(np.max(np.abs(cdf_a - cdf_b)))
 
 
-def check_shuffle(sides):
+def check_shuffle(sides: Sides) -> Result:
     name = f"{sides.label}shuffled pipelines (two epochs)"
     pair = sides.pair
-    if ("shuffle" not in pair.capabilities or not callable(getattr(pair.legacy, "input_pipeline", None))
-            or not callable(getattr(pair.modern, "input_pipeline", None))
-            or not callable(getattr(pair.data, "write_rows", None))):
+    write_rows = optional(pair.data, "write_rows")
+    if ("shuffle" not in pair.capabilities or optional(pair.legacy, "input_pipeline") is None
+            or optional(pair.modern, "input_pipeline") is None or write_rows is None):
         return not_applicable(name, pair.name, "the adapter declares no shuffled pipelines (capability 'shuffle')")
     rows = pair.shuffle_rows
-    files = dict(pair.data.write_rows(os.path.join(sides.tmp_dir, f"{pair.name}_shuffle"), rows, sides.seed))
+    files = dict(write_rows(os.path.join(sides.tmp_dir, f"{pair.name}_shuffle"), rows, sides.seed))
     argv = (*pair.harness_argv(sides.towers), *pair.shuffle_argv)
     legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(sides.towers), *argv,
                                            *sides.pairing.legacy_argv])
@@ -113,7 +137,7 @@ def check_shuffle(sides):
     d = ks_statistic(disp_l, disp_m)
     d_crit = math.sqrt(-math.log(ALPHA / 2) / 2) * math.sqrt(2 / rows)
 
-    def binomial(a, b):
+    def binomial(a: float, b: float) -> float:
         p = max((a + b) / 2, 1 / rows)
         return abs(a - b) / (SIGMAS * math.sqrt(2 * p * (1 - p) / rows))
 

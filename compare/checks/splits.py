@@ -28,24 +28,31 @@ at the modern weights, and must then equal the modern step.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 import numpy as np
 import tensorflow as tf
 
+
 from compare.checks.forward import gradient_errors, step_both
-from compare.interface import NotFed
-from compare.report import judge, not_applicable, tensor_error
-from compare.sides import replica_rows, row_index, row_key
+from compare.interface import Batch, NotFed, TowerFeed
+from compare.report import Result, TensorError, judge, not_applicable, tensor_error
+from compare.sides import Sides, StepOutcome, TowerRows, replica_rows, row_index, row_key
+from compare.state import ReplicaBatch
+
+UNEVEN = "uneven batch"  # the case whose dropped rows are "split: remainder dropped", unqualified
 
 
-def errors_of(sides, loss_l, grads_l, loss_m, grads_m):
-    return [tensor_error("loss", loss_l, loss_m)] + gradient_errors(sides, grads_l, grads_m)
+def errors_of(sides: Sides, legacy: StepOutcome, modern: StepOutcome) -> list[TensorError]:
+    return [tensor_error("loss", legacy.loss, modern.loss)] + gradient_errors(sides, legacy.gradients,
+                                                                              modern.gradients)
 
 
-def finite(loss, grads):
-    return bool(np.isfinite(loss)) and all(np.all(np.isfinite(g)) for g in grads.values())
+def finite(outcome: StepOutcome) -> bool:
+    return bool(np.isfinite(outcome.loss)) and all(np.all(np.isfinite(g)) for g in outcome.gradients.values())
 
 
-def modern_row_weights(batch, replicas):
+def modern_row_weights(batch: Batch, replicas: Sequence[ReplicaBatch]) -> tuple[np.ndarray, int]:
     """Each batch row's share of the modern step's loss: the weights of its copies over all replicas,
     over the total weight (the step divides the summed loss by the rows counted by weight); and the
     number of modern rows that are no row of the batch."""
@@ -62,15 +69,15 @@ def modern_row_weights(batch, replicas):
     return total / max(total.sum(), 1e-30), unknown
 
 
-def keeps_every_row(batch, replicas):
+def keeps_every_row(batch: Batch, replicas: Sequence[ReplicaBatch]) -> bool:
     """Whether the modern step weighs every row of the batch alike (a mean over all its rows)."""
     share, unknown = modern_row_weights(batch, replicas)
     return unknown == 0 and bool(np.all(np.abs(share * batch.rows - 1) <= 1e-6))
 
 
-def tower_outcome(sides, batch):
+def tower_outcome(sides: Sides, batch: Batch) -> tuple[list[int], str]:
     """Which legacy towers fail on `batch` (each tower's loss run on its own): NaN, or the op raises."""
-    feed, _ = sides.legacy.feed(batch, True)
+    feed = sides.legacy.feed(batch, True).feed_dict
     failed, how = [], set()
     for i, loss in enumerate(sides.legacy.lg.tower_losses):
         try:
@@ -83,11 +90,7 @@ def tower_outcome(sides, batch):
     return failed, ", ".join(sorted(how)) or "none failed"
 
 
-def modern_rows(step):
-    return [len(x) for x, _, _ in step["replicas"]]
-
-
-def check_splits(sides):
+def check_splits(sides: Sides) -> list[Result]:
     results = fed(sides, "short last batch", lambda: [check_short(sides)])
     if sides.towers == 1 or sides.pairing.same_rows_on_every_tower:
         return results  # one tower, or every tower sees every row: nothing is split
@@ -98,7 +101,7 @@ def check_splits(sides):
     return results
 
 
-def fed(sides, case, run):
+def fed(sides: Sides, case: str, run: Callable[[], list[Result]]) -> list[Result]:
     """`run()`, or NOT APPLICABLE when the legacy program can never receive such a batch (NotFed)."""
     try:
         return run()
@@ -106,110 +109,112 @@ def fed(sides, case, run):
         return [not_applicable(f"{sides.label}split: {case}", sides.pair.name, str(reason))]
 
 
-def check_short(sides):
+def check_short(sides: Sides) -> Result:
     """The short last batch of an epoch, still a multiple of the towers: N (b - 1) rows."""
     n, b = sides.towers, sides.pair.rows_per_tower
     rows = max(1, (b - 1)) * (1 if sides.pairing.same_rows_on_every_tower else n)
     return judge_cut(sides, rows, "short last batch", seed=5)
 
 
-def check_uneven(sides):
+def check_uneven(sides: Sides) -> list[Result]:
     """N b - 1 rows (not a multiple of the towers, for N > 1)."""
     rows = sides.towers * sides.pair.rows_per_tower - 1
-    results = [judge_cut(sides, rows, "uneven batch", seed=6)]
+    results = [judge_cut(sides, rows, UNEVEN, seed=6)]
     if sides.legacy.lg.feed_towers is not None:
         batch = sides.batch(rows, seed=6)
         sides.set_both(sides.start)
         step = sides.modern.step(batch, before=sides.start)
-        results.append(check_replica_rows(sides, batch, step, "uneven batch"))
+        results.append(check_replica_rows(sides, batch, step, UNEVEN))
     return results
 
 
-def judge_cut(sides, rows, case, seed):
+def judge_cut(sides: Sides, rows: int, case: str, seed: int) -> Result:
     """One batch of `rows` rows, judged by how the legacy program cuts it over its towers (see the
     module docstring): equal, remainder dropped, or towers weighted equally."""
-    tol = sides.tolerances["model"]
+    tol = sides.tol.model
     batch = sides.batch(rows, seed=seed)
-    loss_l, grads_l, step, feed = step_both(sides, batch, sides.start)
-    loss_m, grads_m = step["loss"], step["gradients"]
+    both = step_both(sides, batch, sides.start)
+    step, feed = both.modern, both.towers
     kept = [np.asarray(r, int) for r, w in zip(feed.rows, feed.weights) if w > 0]
     sizes = [len(r) for r in kept]
     seen = set(np.concatenate(kept).tolist()) if kept else set()
-    keeps_all = keeps_every_row(batch, step["replicas"])
+    keeps_all = keeps_every_row(batch, step.replicas)
     cut = (f"{rows} rows: legacy towers {[len(r) for r in feed.rows]} (weights {np.round(feed.weights, 4).tolist()})"
-           f", modern rows {modern_rows(step)}")
+           f", modern rows {step.rows}")
     weighted_by_rows = np.allclose(feed.weights, [len(r) / rows for r in feed.rows], rtol=1e-6)
     same_rows = all(len(r) == rows for r in feed.rows)  # every tower sees every row
     if len(seen) == rows and (weighted_by_rows or same_rows):
-        return judge(f"{sides.label}split: {case}", sides.pair.name, errors_of(sides, loss_l, grads_l, loss_m, grads_m),
+        return judge(f"{sides.label}split: {case}", sides.pair.name, errors_of(sides, both.legacy, step),
                      tol, ok=None if keeps_all else False,
                      note=cut + ("; every row weighs alike on both sides" if keeps_all
                                  else "; the modern input path does not weigh every row alike"))
     if len(seen) < rows and len(set(sizes)) == 1:
-        return judge_dropped(sides, batch, feed, loss_l, grads_l, step, keeps_all, cut, case)
-    return check_equal_weights(sides, batch, feed, loss_l, grads_l, step,
+        return judge_dropped(sides, batch, feed, both.legacy, step, keeps_all, cut,
+                             "" if case == UNEVEN else f" ({case})")
+    return check_equal_weights(sides, batch, feed, both.legacy, step,
                                f"{sides.label}split: {case}, towers weighted equally", cut)
 
 
-def judge_dropped(sides, batch, feed, loss_l, grads_l, step, keeps_all, cut, case):
+def judge_dropped(sides: Sides, batch: Batch, feed: TowerFeed, legacy: StepOutcome, step: StepOutcome,
+                  keeps_all: bool, cut: str, qualifier: str) -> Result:
     """The legacy split drops rows (equal slices): compare it with the modern step on the rows it kept."""
-    tol = sides.tolerances["model"]
+    tol = sides.tol.model
     kept = [np.asarray(r, int) for r, w in zip(feed.rows, feed.weights) if w > 0]
     seen = set(np.concatenate(kept).tolist())
     dropped = batch.rows - len(seen)
-    name = f"{sides.label}split: remainder dropped" + ("" if case == "uneven batch" else f" ({case})")
+    name = f"{sides.label}split: remainder dropped{qualifier}"
     if keeps_all:
         order = np.concatenate(kept)
-        _, _, step_k, _ = step_both(sides, batch.take(order), sides.start)
-        loss_d, grads_d = sides.legacy.gradients(batch, sides.tower_masks(
-            batch, feed.rows, step_k["masks"], step_k["replicas"]))
-        errors = errors_of(sides, loss_d, grads_d, step_k["loss"], step_k["gradients"])
-        gap = max(e.rel_l2 for e in gradient_errors(sides, grads_l, step["gradients"]))
+        step_k = step_both(sides, batch.take(order), sides.start).modern
+        dropped_l = sides.legacy.gradients(batch, sides.tower_masks(batch, feed.rows, step_k.masks, step_k.replicas))
+        errors = errors_of(sides, dropped_l, step_k)
+        gap = max(e.rel_l2 for e in gradient_errors(sides, legacy.gradients, step.gradients))
         ok = gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
         return judge(name, sides.pair.name, errors, tol, expected=True, ok=ok,
                      note=f"{cut}: legacy drops {dropped} and equals the modern step on the {len(order)} rows it "
                           f"keeps; on all {batch.rows} rows the modern step differs from it by {gap:.2g} "
                           f"(> 10 x tolerance)")
     # The strategy's input path never drops a row: a modern step that does has a split of its own.
-    share, _ = modern_row_weights(batch, step["replicas"])
+    share, _ = modern_row_weights(batch, step.replicas)
     same = set(np.flatnonzero(share > 0).tolist()) == seen
     return judge(name, sides.pair.name, [], tol, ok=False,
                  note=f"{cut}: the modern step does not weigh every row alike"
                       + (": it drops the rows the legacy split drops (a split of its own?)" if same else ""))
 
 
-def check_equal_weights(sides, batch, feed, loss_l, grads_l, step, name, cut):
+def check_equal_weights(sides: Sides, batch: Batch, feed: TowerFeed, legacy: StepOutcome, step: StepOutcome,
+                        name: str, cut: str) -> Result:
     """Legacy towers of unequal rows, each weighted as the program weighs it: predicted from the
     modern step on each tower's rows alone (rows independent: no batch norm, no dropout)."""
-    modern, tol = sides.modern, sides.tolerances["model"]
+    modern, tol = sides.modern, sides.tol.model
     if modern.batch_norms or modern.dropouts:
         return not_applicable(name, sides.pair.name, f"{cut}: the towers weigh their rows unequally; the "
                                                      "prediction needs rows independent of each other (the model "
                                                      "has batch norm or dropout)")
-    loss_p, grads_p = 0.0, {k: 0.0 for k in grads_l}
+    loss_p, grads_p = 0.0, {k: np.zeros(np.shape(g)) for k, g in legacy.gradients.items()}
     for rows, w in zip(feed.rows, feed.weights):
         if not len(rows) or not w:
             continue
         sides.set_both(sides.start)
         part = modern.step(batch.take(np.asarray(rows, int)), before=sides.start)
-        loss_p += w * part["loss"]
-        grads_p = {k: grads_p[k] + w * np.asarray(part["gradients"][k], np.float64) for k in grads_p}
-    errors = errors_of(sides, loss_l, grads_l, loss_p, grads_p)
-    gap = max(e.rel_l2 for e in gradient_errors(sides, grads_p, step["gradients"]))
+        loss_p += w * part.loss
+        grads_p = {k: grads_p[k] + w * np.asarray(part.gradients[k], np.float64) for k in grads_p}
+    errors = errors_of(sides, legacy, StepOutcome(loss_p, grads_p))
+    gap = max(e.rel_l2 for e in gradient_errors(sides, grads_p, step.gradients))
     ok = (gap > 10 * tol.rel_l2 and all(e.rel_l2 <= tol.rel_l2 for e in errors)
-          and keeps_every_row(batch, step["replicas"]))
+          and keeps_every_row(batch, step.replicas))
     return judge(name, sides.pair.name, errors, tol, expected=True, ok=ok,
                  note=f"{cut}: legacy = sum of its towers' weights x the modern step on each tower's rows alone; "
                       f"the modern step on all rows (each alike) differs from it by {gap:.2g} (> 10 x tolerance)")
 
 
-def check_fewer(sides):
+def check_fewer(sides: Sides) -> Result:
     """Fewer rows than towers: N - 1 rows."""
-    n, tol = sides.towers, sides.tolerances["model"]
+    n, tol = sides.towers, sides.tol.model
     rows = n - 1
     batch = sides.batch(rows, seed=7)
     name = f"{sides.label}split: fewer rows than towers"
-    _, feed = sides.legacy.feed(batch, True)
+    feed = sides.legacy.feed(batch, True).towers
     empty = [i for i, (r, w) in enumerate(zip(feed.rows, feed.weights)) if not len(r) and w > 0]
     sides.set_both(sides.start)
     try:
@@ -217,8 +222,8 @@ def check_fewer(sides):
     except tf.errors.InvalidArgumentError as error:  # an empty replica the port does not handle
         return judge(name, sides.pair.name, [], tol, ok=False,
                      note=f"{rows} rows: the modern step failed ({str(error).strip().splitlines()[-1][:100]})")
-    ok_m = finite(step["loss"], step["gradients"]) and keeps_every_row(batch, step["replicas"])
-    cut = f"{rows} rows on {n} towers: legacy towers {[len(r) for r in feed.rows]}, modern rows {modern_rows(step)}"
+    ok_m = finite(step) and keeps_every_row(batch, step.replicas)
+    cut = f"{rows} rows on {n} towers: legacy towers {[len(r) for r in feed.rows]}, modern rows {step.rows}"
     if empty:
         failed, how = tower_outcome(sides, batch)
         errors = []
@@ -233,7 +238,7 @@ def check_fewer(sides):
     # Every tower sees rows.  legacy = modern when the towers see the rows the replicas see, or when
     # no layer couples a tower's rows; batch norm in training normalises over a tower's own rows, so
     # other cuts give other numbers: then the legacy towers are fed the replicas' rows instead.
-    if sides.legacy.moving and not same_cut(feed.rows, feed.weights, replica_rows(batch, step["replicas"])):
+    if sides.legacy.moving and not same_cut(feed.rows, feed.weights, replica_rows(batch, step.replicas)):
         if sides.legacy.lg.feed_towers is None:
             return not_applicable(name, sides.pair.name,
                                   f"{cut}: the towers and the replicas cut the batch differently and batch norm "
@@ -242,23 +247,23 @@ def check_fewer(sides):
         return judge(name, sides.pair.name, errors, tol, ok=None if ok_m else False,
                      note=f"{cut}: every tower sees rows, not the replicas' (batch norm normalises over each "
                           f"one's own): = the legacy towers fed the modern replicas' rows")
-    sides.legacy.set_state(sides.start)
-    masks = sides.tower_masks(batch, feed.rows, step["masks"], step["replicas"])
-    loss_l, grads_l = sides.legacy.gradients(batch, masks)
-    return judge(name, sides.pair.name, errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"]), tol,
+    sides.legacy.restore(sides.start)
+    masks = sides.tower_masks(batch, feed.rows, step.masks, step.replicas)
+    return judge(name, sides.pair.name, errors_of(sides, sides.legacy.gradients(batch, masks), step), tol,
                  ok=None if ok_m else False, note=cut + ": every tower sees rows")
 
 
-def same_cut(tower_rows, tower_weights, replicas):
+def same_cut(tower_rows: Sequence[Any], tower_weights: Sequence[float],
+             replicas: Sequence[tuple[Sequence[int], float]]) -> bool:
     """Whether the legacy towers that carry weight see the same rows as the modern replicas that do
     (as multisets of row lists, in any tower order)."""
     towers = sorted(sorted(int(i) for i in r) for r, w in zip(tower_rows, tower_weights) if w > 0 and len(r))
     return towers == sorted(sorted(r) for r, w in replicas if w > 0 and len(r))
 
 
-def check_empty_replica(sides):
+def check_empty_replica(sides: Sides) -> Result:
     """N + 1 rows on N >= 3 replicas, which the strategy's cut leaves a replica without rows."""
-    n, tol = sides.towers, sides.tolerances["model"]
+    n, tol = sides.towers, sides.tol.model
     rows = n + 1
     batch = sides.batch(rows, seed=8)
     name = f"{sides.label}split: a replica the strategy leaves empty"
@@ -270,29 +275,28 @@ def check_empty_replica(sides):
         return judge(name, sides.pair.name, [], tol, ok=False,
                      note=f"{rows} rows on {n} replicas: the modern step failed "
                           f"({str(error).strip().splitlines()[-1][:100]})")
-    ok = finite(step["loss"], step["gradients"]) and keeps_every_row(batch, step["replicas"])
+    ok = finite(step) and keeps_every_row(batch, step.replicas)
     errors = replica_row_errors(sides, batch, step) if sides.legacy.lg.feed_towers is not None and ok else []
     return judge(name, sides.pair.name, errors, tol, ok=ok and all(e.rel_l2 <= tol.rel_l2 for e in errors),
                  note=f"{rows} rows on {n} replicas (the strategy's cut: {-(-rows // n)} per replica in order): "
-                      f"modern rows {modern_rows(step)}, finite, every row weighing alike"
+                      f"modern rows {step.rows}, finite, every row weighing alike"
                       + (", = the legacy towers fed the modern replicas' rows" if errors else ""))
 
 
-def replica_row_errors(sides, batch, step):
+def replica_row_errors(sides: Sides, batch: Batch, step: StepOutcome) -> list[TensorError]:
     """The legacy towers fed exactly the rows (and weights) of each modern replica, against the
     modern step (LegacyGraph.feed_towers)."""
-    cut = replica_rows(batch, step["replicas"])
+    cut = replica_rows(batch, step.replicas)
     if any(i < 0 for rows, _ in cut for i in rows):
         raise KeyError("a modern replica holds a row that is no row of the batch")
     rows = [np.array(r, int) for r, _ in cut]
     weights = [w / sum(w_ for _, w_ in cut) for _, w in cut]
-    sides.legacy.set_state(sides.start)
-    masks = sides.tower_masks(batch, rows, step["masks"], step["replicas"])
-    loss_l, grads_l = sides.legacy.gradients(batch, masks, towers=(rows, weights))
-    return errors_of(sides, loss_l, grads_l, step["loss"], step["gradients"])
+    sides.legacy.restore(sides.start)
+    masks = sides.tower_masks(batch, rows, step.masks, step.replicas)
+    return errors_of(sides, sides.legacy.gradients(batch, masks, towers=TowerRows(rows, weights)), step)
 
 
-def check_replica_rows(sides, batch, step, what):
+def check_replica_rows(sides: Sides, batch: Batch, step: StepOutcome, what: str) -> Result:
     return judge(f"{sides.label}split: legacy towers fed the replicas' rows ({what})", sides.pair.name,
-                 replica_row_errors(sides, batch, step), sides.tolerances["model"],
-                 note=f"modern rows {modern_rows(step)}, fed to the legacy towers through feed_towers")
+                 replica_row_errors(sides, batch, step), sides.tol.model,
+                 note=f"modern rows {step.rows}, fed to the legacy towers through feed_towers")

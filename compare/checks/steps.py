@@ -23,21 +23,28 @@ import itertools
 
 import numpy as np
 
+from typing import Optional
+from typing import Any, Sequence
+
 from compare import common
 from compare import optimizers
 from compare.checks.forward import gradient_errors
-from compare.report import EPS32, judge, tensor_error
+from compare.legacy_run import LegacyRun
+from compare.modern_run import ModernRun
+from compare.report import EPS32, Result, TensorError, judge, tensor_error
+from compare.sides import Sides
+from compare.state import Arrays, State, StepOutcome
 
 HORIZON = 2 ** 22  # the schedule is probed up to this global step
 
 
-def change_points(legacy, limit=16):
+def change_points(legacy: LegacyRun, limit: int = 16) -> Optional[list[int]]:
     """The global steps s at which the legacy rate changes (lr(s) != lr(s + 1)), up to HORIZON; None
     when it changes at almost every step (a continuous decay)."""
     probes = [0] + [2 ** k for k in range(23)]
     cache = {}
 
-    def lr(s):
+    def lr(s: int) -> float:
         if s not in cache:
             cache[s] = legacy.learning_rate_at(s)
         return cache[s]
@@ -56,14 +63,14 @@ def change_points(legacy, limit=16):
     return None if continuous else found
 
 
-def schedule_probes(points):
+def schedule_probes(points: Optional[Sequence[int]]) -> list[int]:
     """Global steps at which both schedules are read without training: 0, 1, each change point and
     the step after it, and powers of ten up to 10^6."""
     probes = [0, 1] + [s + k for s in (points or [])[:8] for k in (0, 1)] + [10 ** k for k in range(2, 7)]
     return sorted(set(probes))
 
 
-def modern_rate_at(modern, step):
+def modern_rate_at(modern: ModernRun, step: int) -> float:
     """The rate the modern optimizer would use at a step: its schedule at iterations = step."""
     before = modern.optimizer.iterations.numpy()
     modern.optimizer.iterations.assign(step)
@@ -72,7 +79,7 @@ def modern_rate_at(modern, step):
     return rate
 
 
-def restart_steps(points, count):
+def restart_steps(points: Optional[list[int]], count: int) -> list[int]:
     """`count` global steps for the restart check: for a stepwise schedule the first boundary b0 (a
     schedule one step ahead shows there), the last boundary + 1 (one step behind), b0 + 1, far past the
     last, the other crossings, step 0; for a continuous or constant one, 0, far, 1 and between."""
@@ -89,97 +96,150 @@ def restart_steps(points, count):
     return sorted(wanted[:count])
 
 
-def check_training_steps(sides, count, steps_at=None, start=None, suffix=""):
+@dataclasses.dataclass
+class RestartStep:
+    """One restart step: the state both sides started from, each side's outcome and state after."""
+    step: int
+    before: State
+    lr_state: float              # the legacy rate at the state's step (the modern slots' conversion)
+    legacy: StepOutcome
+    modern: StepOutcome
+    legacy_after: State
+    modern_weights: Arrays       # the modern trainable weights after the step
+    modern_slots: dict[str, Arrays]
+    iterations: int              # the modern optimizer's iterations after the step
+    modern_moving: Arrays        # the modern moving statistics after the step
+    powers: tuple[float, ...] = ()  # the legacy beta powers after the step (Adam)
+
+
+def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartStep:
+    """Both sides from `state` (its step set to `step`), one step on the same rows and masks."""
+    legacy, modern = sides.legacy, sides.modern
+    names = list(legacy.trainable)
+    lr_state = sides.set_both(state)
+    batch = sides.batch(seed=100 + k)
+    out_m = modern.step(batch, before=state)
+    out_l = legacy.step(batch, sides.masks_for(batch, out_m))
+    powers = tuple(legacy.sess.run([legacy.powers["beta1_power"], legacy.powers["beta2_power"]])) \
+        if legacy.powers else ()
+    return RestartStep(step, state, lr_state, out_l, out_m, legacy.state(), modern.weights(names),
+                       modern.slot_values(names), modern.iterations(),
+                       modern.weights(sorted({u.variable.op.name for u in legacy.moving})), powers)
+
+
+def optimizer_errors(sides: Sides, r: RestartStep) -> list[TensorError]:
+    """Each side's update and slots of every variable against its own rule (compare.optimizers)."""
+    rule_l, rule_m = sides.legacy.rule, sides.modern.rule
+    names = list(sides.legacy.trainable)
+    tol = sides.tol.optimizer.rel_l2
+    b1p, b2p = np.float32(rule_l.beta1) ** (r.step + 1), np.float32(rule_l.beta2) ** (r.step + 1)
+    t = np.float32(r.iterations)
+    powers_m = (float(np.float32(rule_m.beta1) ** t), float(np.float32(rule_m.beta2) ** t))
+
+    def legacy_update(n: str) -> list[TensorError]:
+        return optimizers.update_errors(
+            f"legacy step {r.step}: {n}", rule_l, dict(r.before.slots[n], w=r.before.weights[n]),
+            dict(r.legacy_after.slots[n], w=r.legacy_after.weights[n]), r.legacy.gradients[n], rate(r.legacy),
+            (float(b1p), float(b2p)), tol)
+
+    def modern_update(n: str) -> list[TensorError]:
+        before = optimizers.modern_slots_from_legacy(rule_m, r.before.slots[n], r.lr_state)
+        return optimizers.update_errors(
+            f"modern step {r.step}: {n}", rule_m, dict(before, w=r.before.weights[n]),
+            dict(r.modern_slots[n], w=r.modern_weights[n]), r.modern.gradients[n], rate(r.modern), powers_m, tol)
+
+    jobs = [(legacy_update, n) for n in names] + [(modern_update, n) for n in names]
+    return [e for errors in common.parallel_map(lambda job: job[0](job[1]), jobs) for e in errors]
+
+
+def rate(outcome: StepOutcome) -> float:
+    """The rate a training step used (a step that applied an update has one)."""
+    if outcome.lr is None:
+        raise ValueError("a training step without its learning rate")
+    return outcome.lr
+
+
+def counter_errors(sides: Sides, r: RestartStep) -> tuple[list[TensorError], list[TensorError]]:
+    """(the step counters, each +1 exactly; TF1's running beta powers = beta^t)."""
+    exact = [tensor_error(f"step {r.step}: legacy global step", np.float64(r.legacy_after.step),
+                          np.float64(r.step + 1)),
+             tensor_error(f"step {r.step}: modern iterations", np.float64(r.iterations), np.float64(r.step + 1))]
+    powers = []
+    if r.powers:
+        rule = sides.legacy.rule
+        powers.append(tensor_error(f"step {r.step}: legacy beta powers", np.array(r.powers, np.float64),
+                                   np.array([rule.beta1, rule.beta2], np.float32) ** np.float64(r.step + 2)))
+    return exact, powers
+
+
+def check_training_steps(sides: Sides, count: int, steps_at: Optional[list[int]] = None,
+                         start: Optional[State] = None, suffix: str = "") -> list[Result]:
     """See the module docstring; the first step starts from the common start (or `start`), each
     later one from where the legacy program's previous step left it."""
-    legacy, modern, tol = sides.legacy, sides.modern, sides.tolerances["model"]
+    legacy, modern = sides.legacy, sides.modern
     points = change_points(legacy)
     steps_at = steps_at or restart_steps(points, count)
-    rule_l, rule_m = legacy.rule, modern.rule
-    names = list(legacy.trainable)
-    losses_l, losses_m, lr_errors, grad_err, opt_err, count_err, moving = [], [], [], [], [], [], []
-    first = start or sides.start
+    runs: list[RestartStep] = []
     for k, step in enumerate(steps_at):
-        state = (legacy.state() if k else first).replace(step=step)
-        lr_state = sides.set_both(state)
-        batch = sides.batch(seed=100 + k)
-        out_m = modern.step(batch, before=state)
-        _, tower_feed = legacy.feed(batch, True)
-        masks = sides.tower_masks(batch, tower_feed.rows, out_m["masks"], out_m["replicas"])
-        loss_l, lr_l, grads_l, stats = legacy.train(batch, masks)
-        after_l = legacy.state()
-        after_w = modern.weights(names)
-        after_s = modern.slot_values(names)
-        t = modern.iterations()
-        losses_l.append(loss_l)
-        losses_m.append(out_m["loss"])
-        lr_errors.append(tensor_error(f"lr at step {step}", np.float32(out_m["lr"]), np.float32(lr_l)))
-        grad_err += [dataclasses.replace(e, name=f"step {step}: {e.name} gradient")
-                     for e in gradient_errors(sides, grads_l, out_m["gradients"])]
-        b1p = np.float32(rule_l.beta1) ** (step + 1)
-        b2p = np.float32(rule_l.beta2) ** (step + 1)
-        powers_m = (float(np.float32(rule_m.beta1) ** np.float32(t)), float(np.float32(rule_m.beta2) ** np.float32(t)))
-        keras_before = {n: optimizers.modern_slots_from_legacy(rule_m, state.slots[n], lr_state) for n in names}
-        jobs = [("legacy", n) for n in names] + [("modern", n) for n in names]
-
-        def judge_one(job, step=step, state=state, after_l=after_l, grads_l=grads_l, lr_l=lr_l, out_m=out_m,
-                      b1p=b1p, b2p=b2p, keras_before=keras_before, after_s=after_s, after_w=after_w,
-                      powers_m=powers_m):
-            side, n = job
-            if side == "legacy":
-                return optimizers.update_errors(
-                    f"legacy step {step}: {n}", rule_l, dict(state.slots[n], w=state.weights[n]),
-                    dict(after_l.slots[n], w=after_l.weights[n]), grads_l[n], lr_l, (float(b1p), float(b2p)),
-                    sides.tolerances["optimizer"].rel_l2)
-            return optimizers.update_errors(
-                f"modern step {step}: {n}", rule_m, dict(keras_before[n], w=state.weights[n]),
-                dict(after_s[n], w=after_w[n]), out_m["gradients"][n], out_m["lr"], powers_m,
-                sides.tolerances["optimizer"].rel_l2)
-        for errors in common.parallel_map(judge_one, jobs):
-            opt_err += errors
-        count_err += [tensor_error(f"step {step}: legacy global step", np.float64(after_l.step), np.float64(step + 1)),
-                      tensor_error(f"step {step}: modern iterations", np.float64(t), np.float64(step + 1))]
-        if legacy.powers:
-            after_powers = legacy.sess.run([legacy.powers["beta1_power"], legacy.powers["beta2_power"]])
-            count_err.append(tensor_error(f"step {step}: legacy beta powers", np.array(after_powers, np.float64),
-                                          np.float32([rule_l.beta1, rule_l.beta2]) ** np.float64(step + 2)))
-        moving.append((state.weights, after_l.weights, modern.weights([u.variable.op.name for u in legacy.moving]),
-                       stats, step))
-    loss_err = [tensor_error(f"loss at step {s}", a, b) for s, a, b in zip(steps_at, losses_l, losses_m)]
-    counters_ok = all(e.max_abs == 0 for e in count_err if "beta" not in e.name) and all(
-        e.max_rel <= 64 * EPS32 for e in count_err if "beta" in e.name)
-    plural = "s" if len(steps_at) != 1 else ""
-    schedule = ("continuous" if points is None else f"changes after steps {points}" if points else "constant")
-    label, name = sides.label, sides.pair.name
-    lr_tol = sides.tolerances["schedule"] if points is None else "exact"
-    probes = schedule_probes(points) if not suffix else []
-    lr_errors += [tensor_error(f"lr at step {s} (probed)", np.float32(modern_rate_at(modern, s)),
-                               np.float32(legacy.learning_rate_at(s))) for s in probes]
-    results = [
-        judge(f"{label}lr schedule{suffix}", name, lr_errors, lr_tol,
-              note=f"the rate each step used, at global steps {steps_at}, and the schedules probed at {probes}; "
-                   f"the legacy schedule {schedule}"),
-        judge(f"{label}{len(steps_at)} training step{plural}: loss and gradients{suffix}", name, loss_err + grad_err,
-              tol,
-              note=f"each step from the legacy state; modern gradients {out_m['source']}",
-              extra={"losses": {"legacy": losses_l, "modern": losses_m}}),
-        judge(f"{label}{len(steps_at)} training step{plural}: optimizer on each side{suffix}", name, opt_err,
-              sides.tolerances["optimizer"],
-              note=f"every variable's update and slots against its own rule: legacy {rule_l.describe()}, "
-                   f"modern {rule_m.describe()}"),
-        judge(f"{label}step counters{suffix}", name, count_err, "exact", ok=counters_ok,
-              note="legacy global step and modern iterations +1 per step"
-                   + ("; TF1's running beta powers = beta^t (64 eps32)" if legacy.powers else "")),
-    ]
+        state = (legacy.state() if k else (start or sides.start)).replace(step=step)
+        runs.append(run_restart_step(sides, k, step, state))
+    results = [check_lr(sides, runs, points, suffix),
+               check_losses_and_gradients(sides, runs, suffix),
+               judge(f"{sides.label}{len(runs)} training step{plural(runs)}: optimizer on each side{suffix}",
+                     sides.pair.name, [e for r in runs for e in optimizer_errors(sides, r)], sides.tol.optimizer,
+                     note=f"every variable's update and slots against its own rule: legacy {legacy.rule.describe()}, "
+                          f"modern {modern.rule.describe()}"),
+               check_counters(sides, runs, suffix)]
     if legacy.moving:
-        results.append(check_moving_statistics(sides, moving, suffix))
+        results.append(check_moving_statistics(sides, runs, suffix))
     return results
+
+
+def plural(runs: list[RestartStep]) -> str:
+    return "s" if len(runs) != 1 else ""
+
+
+def check_lr(sides: Sides, runs: list[RestartStep], points: Optional[list[int]], suffix: str) -> Result:
+    """The rate each step used, and both schedules probed without training."""
+    legacy, modern = sides.legacy, sides.modern
+    errors = [tensor_error(f"lr at step {r.step}", np.float32(r.modern.lr), np.float32(r.legacy.lr)) for r in runs]
+    probes = schedule_probes(points) if not suffix else []
+    errors += [tensor_error(f"lr at step {s} (probed)", np.float32(modern_rate_at(modern, s)),
+                            np.float32(legacy.learning_rate_at(s))) for s in probes]
+    schedule = ("continuous" if points is None else f"changes after steps {points}" if points else "constant")
+    return judge(f"{sides.label}lr schedule{suffix}", sides.pair.name, errors,
+                 sides.tol.schedule if points is None else "exact",
+                 note=f"the rate each step used, at global steps {[r.step for r in runs]}, and the schedules probed "
+                      f"at {probes}; the legacy schedule {schedule}")
+
+
+def check_losses_and_gradients(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
+    errors = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss) for r in runs]
+    for r in runs:
+        errors += [dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient")
+                   for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
+    return judge(f"{sides.label}{len(runs)} training step{plural(runs)}: loss and gradients{suffix}", sides.pair.name,
+                 errors, sides.tol.model,
+                 note=f"each step from the legacy state; modern gradients {runs[-1].modern.source}",
+                 extra={"losses": {"legacy": [r.legacy.loss for r in runs], "modern": [r.modern.loss for r in runs]}})
+
+
+def check_counters(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
+    exact, powers = [], []
+    for r in runs:
+        e, p = counter_errors(sides, r)
+        exact += e
+        powers += p
+    ok = all(e.max_abs == 0 for e in exact) and all(e.max_rel <= 64 * EPS32 for e in powers)
+    return judge(f"{sides.label}step counters{suffix}", sides.pair.name, exact + powers, "exact", ok=ok,
+                 note="legacy global step and modern iterations +1 per step"
+                      + ("; TF1's running beta powers = beta^t (64 eps32)" if sides.legacy.powers else ""))
 
 
 # ---------------------------------------------------------------------------------------------
 # Batch-norm moving statistics
 
-def schedules(n):
+def schedules(n: int) -> list[tuple[tuple[int, ...], tuple[frozenset[int], ...]]]:
     """The distinct ways n unordered read-modify-write updates of one variable can interleave.
 
     Update i reads v, computes delta_i = (v_read - a_i)(1 - d), and atomically subtracts it
@@ -193,7 +253,9 @@ def schedules(n):
         order = [events[p] for p in perm]
         if any(order.index((i, "r")) > order.index((i, "w")) for i in range(n)):
             continue
-        done, sets, reads = set(), {}, []
+        done: set[int] = set()
+        sets: dict[int, frozenset[int]] = {}
+        reads: list[int] = []
         for i, kind in order:
             if kind == "r":
                 sets[i] = frozenset(done)
@@ -207,10 +269,10 @@ def schedules(n):
     return out
 
 
-_SCHEDULES = {}
+_SCHEDULES: dict[int, list[tuple[tuple[int, ...], tuple[frozenset[int], ...]]]] = {}
 
 
-def predictions_legacy(before, stats, decay):
+def predictions_legacy(before: np.ndarray, stats: Sequence[np.ndarray], decay: float) -> list[np.ndarray]:
     """Every value n unordered updates (one per schedule) can leave in a shared variable:
     v_after = v - sum_i (v_read_i - a_i)(1 - d)."""
     n = len(stats)
@@ -218,22 +280,22 @@ def predictions_legacy(before, stats, decay):
         _SCHEDULES[n] = schedules(n)
     preds = []
     for reads, sets in _SCHEDULES[n]:
-        delta = {}
+        delta: dict[int, np.ndarray] = {}
         for i in reads:
             delta[i] = (before - sum(delta[j] for j in sets[i]) - stats[i]) * (1 - decay)
         preds.append(before - sum(delta.values()))
     return preds
 
 
-def moving_groups(legacy):
+def moving_groups(legacy: LegacyRun) -> dict[str, list[int]]:
     """{variable name: [indices into legacy.moving]}: the updates of each moving statistic, in tower order."""
-    groups = {}
+    groups: dict[str, list[int]] = {}
     for i, u in enumerate(legacy.moving):
         groups.setdefault(u.variable.op.name, []).append(i)
     return {n: sorted(ix, key=lambda i: legacy.moving[i].tower or 0) for n, ix in groups.items()}
 
 
-def check_moving_statistics(sides, per_step, suffix=""):
+def check_moving_statistics(sides: Sides, runs: list[RestartStep], suffix: str = "") -> Result:
     """EXPECTED (more than one update per statistic): legacy moves each moving statistic once per
     tower per step; the modern model once, by the replicas' mean.
 
@@ -247,12 +309,16 @@ def check_moving_statistics(sides, per_step, suffix=""):
     as exactly the tolerance.  With n > 1 the modern update would FAIL the
     legacy prediction and vice versa (the gap is in the note).
     """
-    legacy, modern, tol = sides.legacy, sides.modern, sides.tolerances["model"]
+    legacy, modern, tol = sides.legacy, sides.modern, sides.tol.model
     groups = moving_groups(legacy)
     decay = legacy.moving_decays()
     n_updates = max(len(ix) for ix in groups.values())
-    errors, seen, gaps = [], {}, []
-    for before, after_l, after_m, stats, step in per_step:
+    errors: list[TensorError] = []
+    seen: dict[int, int] = {}
+    gaps: list[float] = []
+    for r in runs:
+        before, after_l, after_m, stats, step = (r.before.weights, r.legacy_after.weights, r.modern_moving,
+                                                 r.legacy.stats, r.step)
         for name, ix in sorted(groups.items()):
             v = np.asarray(before[name], np.float64)
             a = [np.asarray(stats[i], np.float64) for i in ix]
@@ -282,7 +348,7 @@ def check_moving_statistics(sides, per_step, suffix=""):
                  ok=ok, note=note)
 
 
-def replica_copies(variable):
+def replica_copies(variable: Any) -> list[np.ndarray]:
     import keras
     inner = variable.value if isinstance(variable, keras.Variable) else variable
     values = getattr(inner, "values", None)

@@ -5,14 +5,18 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from compare.checks.forward import gradient_errors
 from compare.report import judge, tensor_error
+from compare.report import Result, Tolerance
+from compare.settings import Settings
+from compare.sides import Sides
 
 
-def check_tf1_runtime(sides, settings):
+def check_tf1_runtime(sides: Sides, settings: Settings) -> list[Result]:
     """The legacy graph built by the adapter after `disable_v2_behavior()` (compare/tf1_runtime.py),
     from the start checkpoint, with the masks the modern step drew: its loss and gradients against
     the modern step's (PASS), and one step's moving statistics against the unordered-update
@@ -22,27 +26,26 @@ def check_tf1_runtime(sides, settings):
     batch = sides.batch(seed=3)
     sides.set_both(sides.start)
     step = sides.modern.step(batch, before=sides.start)
-    _, feed = sides.legacy.feed(batch, True)
-    masks = sides.tower_masks(batch, feed.rows, step["masks"], step["replicas"]) or []
+    masks = sides.masks_for(batch, step) or []
     in_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_in.npz")
     out_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_out.npz")
     meta = {"adapter": sides.pair.module, "pairing": sides.pairing.label, "towers": sides.towers,
             "seed": sides.seed, "start": sides.start_path, "files": dict(sides.files), "dropouts": len(masks),
             "repeats": settings.tf1_repeats}
     arrays = {f"mask:{k}": np.array(per_tower, dtype=object) for k, per_tower in enumerate(masks)}
-    np.savez(in_path, x=batch.x, y=batch.y, meta=json.dumps(meta), **arrays)
+    np.savez(in_path, x=batch.x, y=batch.y, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-m", "compare.tf1_runtime", in_path, out_path], cwd=root, env=env,
                           capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        return [judge(name, sides.pair.name, [], sides.tolerances["model"], ok=False,
+        return [judge(name, sides.pair.name, [], sides.tol.model, ok=False,
                       note=f"compare/tf1_runtime.py failed: {tail}")]
     out = np.load(out_path, allow_pickle=True)
     grads = {k[5:]: out[k] for k in out.files if k.startswith("grad:")}
-    errors = [tensor_error("loss", out["loss"], step["loss"])] + gradient_errors(sides, grads, step["gradients"])
-    results = [judge(f"{name}: loss and gradients", sides.pair.name, errors, sides.tolerances["model"],
+    errors = [tensor_error("loss", out["loss"], step.loss)] + gradient_errors(sides, grads, step.gradients)
+    results = [judge(f"{name}: loss and gradients", sides.pair.name, errors, sides.tol.model,
                      note=f"{len(grads)} gradients, the legacy graph on TF1's runtime ({out['variable_class']}) "
                           f"vs the modern train step")]
     updates = json.loads(str(out["updates"]))
@@ -51,7 +54,7 @@ def check_tf1_runtime(sides, settings):
     return results
 
 
-def interleavings(n):
+def interleavings(n: int) -> list[tuple[list[tuple[int, str]], bool]]:
     """Every way n unlocked `v -= delta_i` on one ref variable can interleave, as event orders.
 
     Tower i reads v for its delta (R: delta_i = (v_read - a_i)(1 - d)), then its AssignSub reads v
@@ -63,7 +66,8 @@ def interleavings(n):
     events = [(i, k) for i in range(n) for k in "Rrw"]
     rng = np.random.RandomState(0)
     v0, a, c = rng.normal(size=1)[0], rng.normal(size=n), 0.3
-    seen, out = {}, []
+    seen: dict[float, int] = {}
+    out: list[tuple[list[tuple[int, str]], bool]] = []
     for perm in itertools.permutations(range(3 * n)):
         order = [events[p] for p in perm]
         pos = {e: k for k, e in enumerate(order)}
@@ -80,7 +84,7 @@ def interleavings(n):
     return out
 
 
-def outcome(order, v0, stats, c):
+def outcome(order: Sequence[tuple[int, str]], v0: Any, stats: Any, c: float) -> Any:
     """The value `order` leaves in the variable (elementwise: v0 and stats may be arrays)."""
     stored, delta, rmw = v0, {}, {}
     for i, kind in order:
@@ -93,15 +97,16 @@ def outcome(order, v0, stats, c):
     return stored
 
 
-_ORDERS = {}
+_ORDERS: dict[int, list[tuple[list[tuple[int, str]], bool]]] = {}
 
 
-def moving_on_ref_variables(sides, out, updates):
-    return ref_variable_result(out, updates, sides.legacy.moving_decays(), sides.tolerances["model"],
+def moving_on_ref_variables(sides: Sides, out: Any, updates: Sequence[tuple[str, Optional[int]]]) -> Result:
+    return ref_variable_result(out, updates, sides.legacy.moving_decays(), sides.tol.model,
                                f"{sides.label}legacy on TF1's runtime: bn moving statistics", sides.pair.name)
 
 
-def ref_variable_result(out, updates, decays, tolerance, check, model):
+def ref_variable_result(out: Any, updates: Sequence[tuple[str, Optional[int]]], decays: Mapping[str, float],
+                        tolerance: Tolerance, check: str, model: str) -> Result:
     """EXPECTED (several towers): each moving statistic after the step(s) TF1's runtime ran, against
     every outcome its towers' unlocked read-modify-writes allow (`interleavings`): each element must
     be one of them (a wrong decay matches none), and a lost update, which a race leaves in some
@@ -111,7 +116,7 @@ def ref_variable_result(out, updates, decays, tolerance, check, model):
     out: the TF1-runtime process's arrays (before:V, after:R:V, stat:R:I, repeats); updates: [(V, tower)]
     in the order of the stat:R:I indices; decays: {V: decay}."""
     tol = tolerance.rel_l2
-    groups = {}
+    groups: dict[str, list[tuple[int, int]]] = {}
     for i, (var, tower) in enumerate(updates):
         groups.setdefault(var, []).append((tower or 0, i))
     n = max(len(v) for v in groups.values())

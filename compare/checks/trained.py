@@ -17,16 +17,19 @@ import numpy as np
 
 from compare import tolerances
 from compare.checks import averages, forward, free, steps
+from compare.report import Result
+from compare.settings import Settings
+from compare.sides import Sides, State
 
 SUFFIX = " (trained state)"
 
 
-def trained_state(sides, train_steps=3):
+def trained_state(sides: Sides, train_steps: int = 3) -> State:
     legacy = sides.legacy
-    legacy.set_state(sides.start)
+    legacy.restore(sides.start)
     for k in range(train_steps):
         batch = sides.batch(seed=500 + k)
-        legacy.train(batch, tolerances.fixed_masks(sides, batch))
+        legacy.step(batch, tolerances.fixed_masks(sides, batch))
     state = legacy.state()
     rng = np.random.RandomState(sides.seed + 13)
     weights = dict(state.weights)
@@ -40,7 +43,7 @@ def trained_state(sides, train_steps=3):
     return state.replace(weights=weights, step=step)
 
 
-def check_trained(sides, settings, free_steps):
+def check_trained(sides: Sides, settings: Settings, free_steps: int) -> list[Result]:
     state = trained_state(sides)
     out = forward.check_training(sides, state=state, suffix=SUFFIX)
     count = 1 if settings.quick else 2

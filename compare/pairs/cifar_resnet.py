@@ -1,8 +1,8 @@
 """The adapter of the CIFAR pair: `legacy/cifar_resnet.py` (two slim ResNet-v2-50 towers sliced by a fed
 `current_batch_size`, Adam on piecewise_constant) against `modern/cifar_resnet.py` (MirroredStrategy).
 
-Both sides are built by the programs' own functions (`compare.programs` names the modules, so
-`--program legacy_cifar=...` judges another module written the same way):
+Both sides are built by the programs' own functions (`compare.programs.Programs` names the modules,
+so `--program legacy_cifar=...` judges another module written the same way):
 
   legacy  make_datasets, build_graph, make_feed, tower_split, session_config (the graph the trainer
           runs: control flow v2, its session config); validate, for the validation check
@@ -17,17 +17,25 @@ bug under --split=static; the embedded and original size profiles.
 """
 from __future__ import annotations
 
+import argparse
+
 import dataclasses
+import functools
 import os
 import tempfile
+from types import ModuleType
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
 
-from compare import programs
 from compare.checks.splits import finite
 from compare.interface import Batch, LegacyGraph, LegacyPipeline, ModernBuild, Pair, Pairing, StepResult, TowerFeed
-from compare.report import judge, tensor_error
+from compare.interface import DataFiles
+from compare.programs import Programs
+from compare.report import Result, judge, tensor_error
+from compare.settings import Settings
+from compare.sides import Sides
 from modern import checkpoints, cluster
 from records import cifar10
 
@@ -39,7 +47,7 @@ class Data:
     """CIFAR-10 TFRecords in the programs' format (records.cifar10) and preprocessed-looking batches."""
 
     @staticmethod
-    def sizes(towers):
+    def sizes(towers: int) -> dict[str, int]:
         """Training batches of N + 2 rows over 3 (N + 2) + 1 rows, so that each epoch ends on ONE row
         (fewer than the towers, for N > 1); validation batches of N + 1 rows over 3 (N + 1) - 1, so
         that the last has N."""
@@ -47,11 +55,11 @@ class Data:
         return {"batch_size": n + 2, "valid_batch_size": n + 1, "epochs": 2,
                 "train": 3 * (n + 2) + 1, "valid": 3 * (n + 1) - 1}
 
-    def write(self, folder, towers, seed):
+    def write(self, folder: str, towers: int, seed: int) -> dict[str, str]:
         sizes = self.sizes(towers)
         return self.write_rows(folder, sizes["train"], seed, sizes["valid"])
 
-    def write_rows(self, folder, rows, seed, valid_rows=10):
+    def write_rows(self, folder: str, rows: int, seed: int, valid_rows: int = 10) -> dict[str, str]:
         os.makedirs(folder, exist_ok=True)
         rng = np.random.RandomState(seed + 1)
         files = {}
@@ -62,13 +70,13 @@ class Data:
             cifar10.write_tfrecords(files[split], images, labels)
         return files
 
-    def batch(self, rows, seed):
+    def batch(self, rows: int, seed: int) -> Batch:
         rng = np.random.RandomState(seed)
         x = rng.uniform(-1, 1, size=(rows, 32, 32, 3)).astype(np.float32)
         return Batch(x, np.eye(cifar10.NUM_CLASSES, dtype=np.float32)[rng.randint(0, cifar10.NUM_CLASSES, rows)])
 
 
-def harness_argv(towers):
+def harness_argv(towers: int) -> tuple[str, ...]:
     s = Data.sizes(towers)
     return ("--batch_size", str(s["batch_size"]), "--valid_batch_size", str(s["valid_batch_size"]),
             "--epochs", str(s["epochs"]))
@@ -84,32 +92,35 @@ class CifarGraph(LegacyGraph):
 class Legacy:
     tower_flag = "--towers"
 
-    def parse_args(self, argv):
-        return programs.legacy_cifar.parse_args(argv)
+    def __init__(self, programs: Programs) -> None:
+        self.programs = programs
 
-    def session_config(self, flags, towers):
-        return programs.legacy_cifar.session_config(towers)
+    def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
+        return self.programs.legacy_cifar.parse_args(argv)
 
-    def input_pipeline(self, flags, towers, files):
-        return self.pipeline(programs.legacy_cifar.make_datasets(
+    def session_config(self, flags: argparse.Namespace, towers: int) -> Any:
+        return self.programs.legacy_cifar.session_config(towers)
+
+    def input_pipeline(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyPipeline:
+        return self.pipeline(self.programs.legacy_cifar.make_datasets(
             [files["train"]], [files["valid"]], flags.batch_size, flags.valid_batch_size, flags.shuffle_buffer,
             flags.epochs))
 
     @staticmethod
-    def pipeline(data):
+    def pipeline(data: Any) -> LegacyPipeline:
         iterator, images, labels, val_iterator, val_images, val_labels = data
         return LegacyPipeline(train=[(images, labels)], initializer=[iterator.initializer],
                               valid=[(val_images, val_labels)], valid_initializer=[val_iterator.initializer])
 
-    def build(self, flags, towers, files):
-        program = programs.legacy_cifar
+    def build(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> CifarGraph:
+        program = self.programs.legacy_cifar
         data = program.make_datasets([files["train"]], [files["valid"]], flags.batch_size, flags.valid_batch_size,
                                      flags.shuffle_buffer, flags.epochs)
         ns = program.build_graph(num_towers=towers, split=flags.split,
                                  static_batch_size=max(1, flags.batch_size // towers),
                                  boundaries=flags.boundaries, values=flags.values)
 
-        def feed(batch, training):
+        def feed(batch: Batch, training: bool) -> TowerFeed:
             keep = flags.keep_prob if training else 1.0
             feed_dict, _ = program.make_feed(ns, batch.x, batch.y, training, keep)
             cut = program.tower_split(ns, batch.rows)
@@ -119,7 +130,8 @@ class Legacy:
 
         feed_towers = None
         if flags.split == "weighted":
-            def feed_towers(batch, rows, weights, training):
+            def feed_towers(batch: Batch, rows: Sequence[np.ndarray], weights: Sequence[float],
+                            training: bool) -> dict:
                 feed_dict, _ = program.make_feed(ns, batch.x, batch.y, training, flags.keep_prob if training else 1.0)
                 starts, sizes = [], []
                 for r in rows:
@@ -147,43 +159,46 @@ class CifarBuild(ModernBuild):
     spec: object = None
 
 
-def replica_batches(strategy, x, y):
+def replica_batches(program: ModuleType, strategy: Any, x: np.ndarray, y: np.ndarray) -> Any:
     """One global batch through the modern program's input path: `spread_short_batch` on a dataset of
     global batches, then `cluster.distribute`, as `make_datasets` and `train` feed the trainer."""
     n = strategy.num_replicas_in_sync
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)).map(
-        lambda a, b: programs.modern_cifar.spread_short_batch(a, b, n))
+        lambda a, b: program.spread_short_batch(a, b, n))
     return cluster.distribute(strategy, None, dataset)
 
 
 class Modern:
     replica_flag = "--towers"
 
-    def parse_args(self, argv):
-        return programs.modern_cifar.parse_args(argv)
+    def __init__(self, programs: Programs) -> None:
+        self.programs = programs
 
-    def input_pipeline(self, flags, num_replicas, files):
-        return programs.modern_cifar.make_datasets([files["train"]], [files["valid"]], flags.batch_size,
+    def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
+        return self.programs.modern_cifar.parse_args(argv)
+
+    def input_pipeline(self, flags: argparse.Namespace, num_replicas: int, files: DataFiles) -> Any:
+        return self.programs.modern_cifar.make_datasets([files["train"]], [files["valid"]], flags.batch_size,
                                                    flags.valid_batch_size, flags.shuffle_buffer, flags.epochs,
                                                    num_replicas=num_replicas)
 
-    def build(self, flags, strategy, files):
-        program = programs.modern_cifar
+    def build(self, flags: argparse.Namespace, strategy: Any, files: DataFiles) -> CifarBuild:
+        program = self.programs.modern_cifar
         flags.model_dir = os.path.join(files["scratch"], "modern_model")  # empty: nothing to resume
         flags.pretrained = None
         model, optimizer, *_ = program.build(strategy, flags)
         x, y = Data().batch(3, 0).x, Data().batch(3, 0).y
-        spec = replica_batches(strategy, x, y).element_spec  # no static row count: one trace for all
+        spec = replica_batches(program, strategy, x, y).element_spec  # no static row count: one trace for all
         train_step = program.make_train_step(model, optimizer, strategy, return_metrics=True, element_spec=spec)
         n = strategy.num_replicas_in_sync
 
-        def datasets():
+        def datasets() -> Any:
             return self.input_pipeline(flags, n, files)
 
         return CifarBuild(
             model=model, optimizer=optimizer,
             train_step=lambda element: StepResult(train_step(element)[0]),
-            distribute=lambda batch: next(iter(replica_batches(strategy, batch.x, batch.y))),
+            distribute=lambda batch: next(iter(replica_batches(program, strategy, batch.x, batch.y))),
             variables=checkpoints.tf1_variable_map(model),
             dataset=lambda: datasets()[0], valid_dataset=lambda: datasets()[1],
             load_tf1=lambda path: checkpoints.load_tf1_checkpoint(model, path),
@@ -194,12 +209,12 @@ class Modern:
 # ---------------------------------------------------------------------------------------------
 # This pair's own checks
 
-def extra_checks(sides, settings, log):
+def extra_checks(programs: Programs, sides: Sides, settings: Settings, log: Callable[[str], None]) -> list[Result]:
     log("cifar: validation, the original's static split, the size profiles")
-    return [check_validation(sides), check_static_bug(sides), check_profiles(sides)]
+    return [check_validation(programs, sides), check_static_bug(programs, sides), check_profiles(programs)]
 
 
-def check_validation(sides):
+def check_validation(programs: Programs, sides: Sides) -> Result:
     """EXPECTED: both programs' `validate` on the same weights and TFRecords.
 
     Predictions from per-row inference results, for B rows per batch and N towers:
@@ -207,8 +222,9 @@ def check_validation(sides):
         LAST tower's mean loss (batches with fewer rows than towers skipped);
       modern: correct rows / all rows, summed cross-entropy / all rows."""
     legacy, modern, n = sides.legacy, sides.modern, sides.towers
-    tol = sides.tolerances["model"]
-    ns, data = legacy.lg.ns, legacy.lg.data
+    tol = sides.tol.model
+    lg, build = cast(CifarGraph, legacy.lg), cast(CifarBuild, modern.build)
+    ns, data = lg.ns, lg.data
     sides.set_both(sides.start)
     _, _, _, val_iterator, val_images, val_labels = data
     with tempfile.TemporaryDirectory() as events, legacy.graph.as_default():
@@ -216,8 +232,9 @@ def check_validation(sides):
         acc_l, loss_l = programs.legacy_cifar.validate(legacy.sess, ns, val_iterator, val_images, val_labels,
                                                        writer, 0, "fix")
         writer.close()
-    acc_m, loss_m = programs.modern_cifar.validate(modern.build.eval_step, cluster.distribute(
-        modern.strategy, None, modern.build.valid_dataset()))
+    assert build.valid_dataset is not None
+    acc_m, loss_m = programs.modern_cifar.validate(build.eval_step, cluster.distribute(
+        modern.strategy, None, build.valid_dataset()))
     legacy.sess.run(val_iterator.initializer)
     per_batch, hits, ces = [], [], []
     while True:
@@ -245,7 +262,7 @@ def check_validation(sides):
                       f"modern {acc_m:.4f} / {loss_m:.4f} (over all {len(hits)} rows)")
 
 
-def check_static_bug(sides):
+def check_static_bug(programs: Programs, sides: Sides) -> Result:
     """The original's bug: a constant per-tower size b on a batch of b rows leaves towers 1..N-1 empty."""
     n, b = sides.towers, sides.pair.rows_per_tower
     if n == 1:
@@ -253,9 +270,10 @@ def check_static_bug(sides):
                      note="one tower: the constant split is the whole batch")
     legacy = sides.legacy
     batch = sides.batch(b, seed=9)
-    legacy.set_state(sides.start)
-    feed, _ = programs.legacy_cifar.make_feed(legacy.lg.ns, batch.x, batch.y, True, legacy.flags.keep_prob,
-                                              split="static", static_batch_size=b)
+    legacy.restore(sides.start)
+    ns = cast(CifarGraph, legacy.lg).ns
+    feed, _ = programs.legacy_cifar.make_feed(ns, batch.x, batch.y, True, legacy.flags.keep_prob, split="static",
+                                              static_batch_size=b)
     failed, how = [], set()
     for i, loss in enumerate(legacy.lg.tower_losses):
         try:
@@ -269,13 +287,13 @@ def check_static_bug(sides):
     sides.set_both(sides.start)
     step = sides.modern.step(batch, before=sides.start)
     return judge("split: --split=static (the original's bug)", NAME, [], "exact", expected=True,
-                 ok=failed == predicted and finite(step["loss"], step["gradients"]),
+                 ok=failed == predicted and finite(step),
                  note=f"{b} rows, constant {b} per tower: legacy towers {failed} failed ({', '.join(sorted(how))}), "
                       f"predicted {predicted} (i * {b} >= {b}); "
-                      f"modern rows {[len(r[0]) for r in step['replicas']]}, finite")
+                      f"modern rows {step.rows}, finite")
 
 
-def check_profiles(sides):
+def check_profiles(programs: Programs) -> Result:
     """Both programs' embedded-data and original size profiles are the same."""
     differ = [key for key in ("EMBEDDED_PROFILE", "ORIGINAL_PROFILE")
               if getattr(programs.legacy_cifar, key) != getattr(programs.modern_cifar, key)]
@@ -285,25 +303,32 @@ def check_profiles(sides):
                  f"original {programs.legacy_cifar.ORIGINAL_PROFILE}")
 
 
-PAIR = Pair(
-    name=NAME, legacy=Legacy(), modern=Modern(), data=Data(),
-    capabilities=frozenset({"pipelines", "checkpoint_converter", "tf1_runtime", "shuffle"}),
-    pairings=(Pairing(""), Pairing("--split=weighted", legacy_argv=("--split", "weighted"), groups=("splits",),
-                                   quick=False)),
-    harness_argv=harness_argv, own_flags=("model_dir", "log_dir"),
-    # 8 rows per tower: batch norm at block4's 1x1 maps normalises over a tower's rows only; with 2
-    # rows the training loss amplifies float32 round-off past 1e-1 on either program alone.
-    rows_per_tower=8, free_steps=20, quick_free_steps=0,
-    flag_values=(("--boundaries", "3", "7", "--values", "0.002", "0.0005", "0.0001", "--keep_prob", "0.5",
-                  "--batch_size", "5", "--valid_batch_size", "3", "--epochs", "3", "--shuffle_buffer", "1",
-                  "--valid_every", "7"),),
-    shuffle_rows=400, shuffle_argv=("--shuffle_buffer", "40", "--batch_size", "8", "--epochs", "2"),
-    loop_flags={"max_steps": "the training loop's step limit", "log_every": "the training loop's log interval",
-                "valid_every": "the training loop's validation interval",
-                "data_dir": "which files the program reads (the harness gives both programs the same files)",
-                "train_tfrecords": "which files the program reads", "test_tfrecords": "which files the program reads",
-                "pretrained": "the checkpoint restored before the first step (the harness sets both programs' state)"},
-    extra_checks=extra_checks,
-    description="legacy/cifar_resnet.py (slim ResNet-v2-50 towers) vs modern/cifar_resnet.py",
-    module=__name__,
-)
+def make_pair(programs: Programs) -> Pair:
+    """The pair, its sides driving the modules `programs` names."""
+    return Pair(
+        name=NAME, legacy=Legacy(programs), modern=Modern(programs), data=Data(),
+        capabilities=frozenset({"pipelines", "checkpoint_converter", "tf1_runtime", "shuffle"}),
+        pairings=(Pairing(""), Pairing("--split=weighted", legacy_argv=("--split", "weighted"), groups=("splits",),
+                                       quick=False)),
+        harness_argv=harness_argv, own_flags=("model_dir", "log_dir"),
+        # 8 rows per tower: batch norm at block4's 1x1 maps normalises over a tower's rows only; with 2
+        # rows the training loss amplifies float32 round-off past 1e-1 on either program alone.
+        rows_per_tower=8, free_steps=20, quick_free_steps=0,
+        flag_values=(("--boundaries", "3", "7", "--values", "0.002", "0.0005", "0.0001", "--keep_prob", "0.5",
+                      "--batch_size", "5", "--valid_batch_size", "3", "--epochs", "3", "--shuffle_buffer", "1",
+                      "--valid_every", "7"),),
+        shuffle_rows=400, shuffle_argv=("--shuffle_buffer", "40", "--batch_size", "8", "--epochs", "2"),
+        loop_flags={"max_steps": "the training loop's step limit", "log_every": "the training loop's log interval",
+                    "valid_every": "the training loop's validation interval",
+                    "data_dir": "which files the program reads (the harness gives both programs the same files)",
+                    "train_tfrecords": "which files the program reads",
+                    "test_tfrecords": "which files the program reads",
+                    "pretrained": "the checkpoint restored before the first step (the harness sets both programs' "
+                                  "state)"},
+        extra_checks=functools.partial(extra_checks, programs),
+        description="legacy/cifar_resnet.py (slim ResNet-v2-50 towers) vs modern/cifar_resnet.py",
+        module=__name__,
+    )
+
+
+PAIR = make_pair(Programs.load())

@@ -7,13 +7,17 @@ format, batches in the model's input domain), one class per side that builds the
 program's own functions and names the few tensors only its author knows, and the PAIR that ties them
 together with the capabilities the two programs have.  No line of either program is changed for it.
 """
+from __future__ import annotations
+
+import argparse
 import os
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from compare.interface import (Batch, LegacyGraph, LegacyPipeline, ModernBuild, NotFed, Pair, Pairing, StepResult,
-                               TowerFeed)
+from compare.interface import (Batch, DataFiles, LegacyGraph, LegacyPipeline, ModernBuild, NotFed, Pair, Pairing,
+                               StepResult, TowerFeed)
 from examples.cifar10_tutorial import cifar10_input
 from examples.cifar10_tutorial import cifar10_multi_gpu_train as legacy_program
 from examples.cifar10_tutorial import modern_train as modern_program
@@ -27,10 +31,10 @@ ROWS_PER_TOWER = 8  # the harness's --batch_size for both programs (the tutorial
 class Data:
     """Files in the CIFAR-10 binary format, and batches as the network receives them (24x24, standardised)."""
 
-    def write(self, folder, towers, seed):
+    def write(self, folder: str, towers: int, seed: int) -> DataFiles:
         return self.write_rows(folder, 3 * ROWS_PER_TOWER * towers + 3, seed)
 
-    def write_rows(self, folder, train_rows, seed):
+    def write_rows(self, folder: str, train_rows: int, seed: int) -> DataFiles:
         rng = np.random.RandomState(seed)
         files = {}
         for split, rows in (("train", train_rows), ("eval", 5 * ROWS_PER_TOWER)):
@@ -39,7 +43,7 @@ class Data:
                                                       rng.randint(0, 10, size=rows))
         return files
 
-    def batch(self, rows, seed):
+    def batch(self, rows: int, seed: int) -> Batch:
         rng = np.random.RandomState(seed)
         size = cifar10_input.IMAGE_SIZE
         return Batch(rng.normal(size=(rows, size, size, 3)).astype(np.float32),
@@ -50,17 +54,17 @@ class Legacy:
     """cifar10_multi_gpu_train.py: its towers each take the next batch of one stream (get_next())."""
     tower_flag = "--num_gpus"
 
-    def parse_args(self, argv):
+    def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
         return legacy_program.parse_args(argv)
 
-    def session_config(self, flags, towers):
+    def session_config(self, flags: argparse.Namespace, towers: int) -> Any:
         return legacy_towers.session_config(towers)
 
-    def input_pipeline(self, flags, towers, files):
+    def input_pipeline(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyPipeline:
         return LegacyPipeline(train=legacy_program.tower_inputs([files["train"]], flags.batch_size, towers,
                                                                 flags.distort))
 
-    def build(self, flags, towers, files):
+    def build(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyGraph:
         with tf1.device("/cpu:0"):  # as the program's train()
             inputs = legacy_program.tower_inputs([files["train"]], flags.batch_size, towers, flags.distort)
             g = legacy_program.build_graph(inputs, flags.batch_size, cifar10_input.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN)
@@ -86,7 +90,7 @@ class Legacy:
                            global_step=g.global_step, learning_rate=g.lr, moving_averages=g.variable_averages,
                            pipeline=LegacyPipeline(train=inputs, steps=12))
 
-    def evaluate(self, flags, checkpoint_path, files):
+    def evaluate(self, flags: argparse.Namespace, checkpoint_path: str, files: DataFiles) -> dict[str, float]:
         num = cifar10_input.count_records([files["eval"]])
         return {"precision@1": legacy_program.evaluate_checkpoint(checkpoint_path, [files["eval"]], flags.batch_size,
                                                                   num)}
@@ -96,13 +100,13 @@ class Modern:
     """modern_train.py: the same network in Keras 3, under MirroredStrategy."""
     replica_flag = "--num_gpus"
 
-    def parse_args(self, argv):
+    def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
         return modern_program.parse_args(argv)
 
-    def input_pipeline(self, flags, num_replicas, files):
+    def input_pipeline(self, flags: argparse.Namespace, num_replicas: int, files: DataFiles) -> Any:
         return modern_program.train_dataset([files["train"]], flags.batch_size, num_replicas, flags.distort)
 
-    def build(self, flags, strategy, files):
+    def build(self, flags: argparse.Namespace, strategy: Any, files: DataFiles) -> ModernBuild:
         model, optimizer, ema, shadows, _ = modern_program.build(strategy, flags)
         n = strategy.num_replicas_in_sync
 

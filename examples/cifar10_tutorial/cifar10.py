@@ -14,6 +14,10 @@ wd * sum(w**2) / 2, to the 'losses' collection (`_variable_with_weight_decay`), 
 builds it.  Quirk kept: local3 reshapes its input to [batch_size, -1] with the configured batch size,
 so the towers only take full batches (the input never yields a short one).
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
 import tensorflow.compat.v1 as tf
 
 from examples.cifar10_tutorial import cifar10_input
@@ -27,13 +31,13 @@ TOWER_NAME = "tower"              # the name scope prefix of each tower's ops
 NUM_CLASSES = cifar10_input.NUM_CLASSES
 
 
-def _variable_on_cpu(name, shape, initializer):
+def _variable_on_cpu(name: str, shape: Sequence[Any], initializer: Any) -> Any:
     """A variable stored on the CPU, shared by every tower (tf.get_variable)."""
     with tf.device("/cpu:0"):
         return tf.get_variable(name, shape, initializer=initializer, dtype=tf.float32)
 
 
-def _variable_with_weight_decay(name, shape, stddev, wd):
+def _variable_with_weight_decay(name: str, shape: Sequence[Any], stddev: float, wd: Optional[float]) -> Any:
     """A truncated-normal variable; with `wd`, its weight decay wd * l2_loss(var) goes to 'losses'."""
     var = _variable_on_cpu(name, shape, tf.truncated_normal_initializer(stddev=stddev, dtype=tf.float32))
     if wd is not None:
@@ -42,12 +46,12 @@ def _variable_with_weight_decay(name, shape, stddev, wd):
     return var
 
 
-def local_response_norm(inputs, name):
+def local_response_norm(inputs: Any, name: str) -> Any:
     """The tutorial's normalisation: depth radius 4, bias 1, alpha 0.001 / 9, beta 0.75."""
     return tf.nn.lrn(inputs, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
 
 
-def inference(images, batch_size):
+def inference(images: Any, batch_size: int) -> Any:
     """The network on `images` [batch_size, 24, 24, 3]; returns the logits [batch_size, 10]."""
     with tf.variable_scope("conv1") as scope:
         kernel = _variable_with_weight_decay("weights", shape=[5, 5, 3, 64], stddev=5e-2, wd=0.0)
@@ -85,7 +89,7 @@ def inference(images, batch_size):
     return softmax_linear
 
 
-def loss(logits, labels):
+def loss(logits: Any, labels: Any) -> Any:
     """Adds the batch's mean cross-entropy to 'losses'; returns the sum of the collection."""
     labels = tf.cast(labels, tf.int64)
     cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits,

@@ -11,10 +11,14 @@ The functions use only tf.data and tf.image ops, so the TF1 graph program and it
 same code (as `records/` is shared by this repository's two other pairs).  With no data given, a
 small synthetic set in the same binary format is made under `data/cifar10_tutorial_synthetic/`.
 """
+from __future__ import annotations
+
 import os
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import ArrayLike
 
 from records import cifar10 as cifar10_records
 from records import tfrecord
@@ -41,7 +45,7 @@ class Cifar10BinaryError(tfrecord.DataError):
     """A binary CIFAR-10 file is missing or not in the format (the message names it)."""
 
 
-def read_cifar10(record):
+def read_cifar10(record: Any) -> tuple[Any, Any]:
     """One 3073-byte record -> (uint8 image [32, 32, 3] HWC, int32 label)."""
     raw = tf.io.decode_raw(record, tf.uint8)
     label = tf.cast(raw[0], tf.int32)
@@ -49,7 +53,7 @@ def read_cifar10(record):
     return tf.transpose(depth_major, [1, 2, 0]), label
 
 
-def distort(image):
+def distort(image: Any) -> Any:
     """The training distortions: a random 24x24 crop, a random flip, random brightness and contrast."""
     image = tf.image.random_crop(tf.cast(image, tf.float32), [IMAGE_SIZE, IMAGE_SIZE, DEPTH])
     image = tf.image.random_flip_left_right(image)
@@ -58,13 +62,14 @@ def distort(image):
     return tf.image.per_image_standardization(image)
 
 
-def central(image):
+def central(image: Any) -> Any:
     """The evaluation crop: the central 24x24, standardised."""
     image = tf.image.resize_with_crop_or_pad(tf.cast(image, tf.float32), IMAGE_SIZE, IMAGE_SIZE)
     return tf.image.per_image_standardization(image)
 
 
-def train_dataset(filenames, batch_size, distorted=True, shuffle_buffer=None):
+def train_dataset(filenames: Sequence[str], batch_size: int, distorted: bool = True,
+                  shuffle_buffer: Optional[int] = None) -> Any:
     """The training stream: records shuffled (a buffer of 40% of an epoch, as the tutorial's queue),
     repeated forever, in full batches only (the tutorial's `shuffle_batch` never yields a short one)."""
     buffer = shuffle_buffer or int(NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN * MIN_FRACTION_OF_EXAMPLES_IN_QUEUE)
@@ -73,7 +78,7 @@ def train_dataset(filenames, batch_size, distorted=True, shuffle_buffer=None):
     return dataset.shuffle(buffer).repeat().batch(batch_size, drop_remainder=True)
 
 
-def eval_dataset(filenames, batch_size, num_examples):
+def eval_dataset(filenames: Sequence[str], batch_size: int, num_examples: int) -> tuple[Any, int]:
     """The evaluation stream, as the tutorial's eval loop reads it: ceil(examples / batch) full batches
     of centrally cropped images, wrapping around the file (its queue repeats)."""
     num_iter = -(-num_examples // batch_size)
@@ -82,7 +87,7 @@ def eval_dataset(filenames, batch_size, num_examples):
     return dataset.repeat().batch(batch_size, drop_remainder=True).take(num_iter), num_iter
 
 
-def count_records(filenames):
+def count_records(filenames: Iterable[str]) -> int:
     """The records in `filenames`, each checked to exist and to hold whole 3073-byte records."""
     total = 0
     for name in filenames:
@@ -97,7 +102,7 @@ def count_records(filenames):
     return total
 
 
-def write_binary(path, images, labels):
+def write_binary(path: str, images: ArrayLike, labels: ArrayLike) -> str:
     """Write uint8 images [n, 32, 32, 3] and labels [n] as one CIFAR-10 binary file (atomically)."""
     images, labels = np.asarray(images, np.uint8), np.asarray(labels, np.uint8)
     records = np.concatenate([labels[:, None], images.transpose(0, 3, 1, 2).reshape(len(images), -1)], axis=1)
@@ -110,7 +115,7 @@ def write_binary(path, images, labels):
     return path
 
 
-def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
+def ensure_default_data(data_dir: str = DEFAULT_DATA_DIR) -> tuple[list[str], list[str]]:
     """The embedded synthetic set (records.cifar10's learnable images) in the binary format:
     ([train file], [eval file]), made on first use."""
     train, test = os.path.join(data_dir, TRAIN_FILES[0]), os.path.join(data_dir, TEST_FILE)
@@ -124,7 +129,7 @@ def ensure_default_data(data_dir=DEFAULT_DATA_DIR):
     return [train], [test]
 
 
-def resolve(data_dir):
+def resolve(data_dir: Optional[str]) -> tuple[list[str], list[str], bool]:
     """(train files, eval files, embedded?): the files of --data_dir (the folder holding the .bin files,
     or its cifar-10-batches-bin/), or the embedded synthetic set."""
     if data_dir is None:

@@ -20,6 +20,8 @@ Defaults are the tutorial's (batch 128 per tower, 1 GPU, 1000000 steps), except 
 --data_dir the program trains on a small synthetic set in the binary format for 300 steps (the log
 says so).  Without GPUs the towers run on virtual CPU devices (`legacy/towers.py`).
 """
+from __future__ import annotations
+
 import argparse
 import os
 import re
@@ -27,22 +29,20 @@ import sys
 import time
 from datetime import datetime
 from types import SimpleNamespace
+from typing import Any, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
+import numpy as np
+import tensorflow.compat.v1 as tf
 
-from examples.cifar10_tutorial import cifar10, cifar10_input  # noqa: E402
-from legacy.runtime import UsageError, check_writable, run_main  # noqa: E402
-from legacy.towers import average_gradients, placement_message, session_config, tower_devices  # noqa: E402
+from examples.cifar10_tutorial import cifar10, cifar10_input
+from legacy.runtime import UsageError, check_writable, run_main
+from legacy.towers import average_gradients, placement_message, session_config, tower_devices
 
 EMBEDDED_MAX_STEPS = 300
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch_size", type=int, default=128, help="images per batch, per tower")
@@ -63,7 +63,7 @@ def parse_args(argv=None):
     return args
 
 
-def tower_loss(scope, images, labels, batch_size):
+def tower_loss(scope: str, images: Any, labels: Any, batch_size: int) -> tuple[Any, list[Any]]:
     """The total loss of one tower: its cross-entropy and the weight decay its copy of the network
     added to 'losses' (the collection filtered by the tower's scope).  Returns (total, its terms)."""
     logits = cifar10.inference(images, batch_size)
@@ -72,7 +72,7 @@ def tower_loss(scope, images, labels, batch_size):
     return tf.add_n(losses, name="total_loss"), losses
 
 
-def add_loss_averages(losses, total_loss):
+def add_loss_averages(losses: list[Any], total_loss: Any) -> tuple[Any, list[Any]]:
     """Moving averages (decay 0.9) of the last tower's losses and their summaries, raw and averaged.
     Made outside the towers' reused variable scope: the averages are variables of their own."""
     loss_averages = tf.train.ExponentialMovingAverage(0.9, name="avg")
@@ -84,7 +84,8 @@ def add_loss_averages(losses, total_loss):
     return loss_averages_op, summaries
 
 
-def build_graph(tower_batches, batch_size, num_examples_per_epoch, devices=None):
+def build_graph(tower_batches: Sequence[tuple[Any, Any]], batch_size: int, num_examples_per_epoch: int,
+                devices: Optional[Sequence[str]] = None) -> SimpleNamespace:
     """The training graph in the default graph, on `tower_batches` (one (images, labels) per tower).
 
     Returns a namespace: global_step, lr, opt, tower_losses, grads (averaged), apply_gradient_op,
@@ -120,13 +121,14 @@ def build_graph(tower_batches, batch_size, num_examples_per_epoch, devices=None)
                            summary_op=tf.summary.merge(summaries))
 
 
-def tower_inputs(train_files, batch_size, num_gpus, distorted=True):
+def tower_inputs(train_files: Sequence[str], batch_size: int, num_gpus: int,
+                 distorted: bool = True) -> list[tuple[Any, Any]]:
     """One input stream; each tower takes the next batch of it (the tutorial's batch_queue.dequeue())."""
     iterator = tf.data.make_one_shot_iterator(cifar10_input.train_dataset(train_files, batch_size, distorted))
     return [iterator.get_next() for _ in range(num_gpus)]
 
 
-def resolve_data(args):
+def resolve_data(args: argparse.Namespace) -> tuple[list[str], list[str], int, int]:
     try:
         train_files, eval_files, embedded = cifar10_input.resolve(args.data_dir)
         num_train = cifar10_input.count_records(train_files)
@@ -141,7 +143,7 @@ def resolve_data(args):
     return train_files, eval_files, num_train, num_eval
 
 
-def train(args):
+def train(args: argparse.Namespace) -> None:
     train_files, _, num_train, _ = resolve_data(args)
     check_writable(args.train_dir, "--train_dir")
     devices = tower_devices(args.num_gpus)
@@ -173,7 +175,8 @@ def train(args):
     print(f"checkpoints and events in {args.train_dir}")
 
 
-def evaluate_checkpoint(checkpoint_path, eval_files, batch_size, num_examples):
+def evaluate_checkpoint(checkpoint_path: str, eval_files: Sequence[str], batch_size: int,
+                        num_examples: int) -> float:
     """The tutorial's eval_once: precision @ 1 of the checkpoint's moving averages, over
     ceil(examples / batch) full batches (the last wraps around the file)."""
     with tf.Graph().as_default():
@@ -193,7 +196,7 @@ def evaluate_checkpoint(checkpoint_path, eval_files, batch_size, num_examples):
     return true_count / (num_iter * batch_size)
 
 
-def evaluate(args):
+def evaluate(args: argparse.Namespace) -> None:
     _, eval_files, _, num_eval = resolve_data(args)
     latest = tf.train.latest_checkpoint(args.train_dir)
     if latest is None:
@@ -202,7 +205,7 @@ def evaluate(args):
     print(f"{datetime.now()}: precision @ 1 = {precision:.3f} ({latest})")
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     return run_main(evaluate if args.eval else train, args, also=(cifar10_input.Cifar10BinaryError,))
 

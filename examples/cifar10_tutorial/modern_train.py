@@ -18,24 +18,23 @@ Differences, on purpose: the moving average runs after the update (the TF1 progr
 unordered); the logged loss is the global batch's (the TF1 program logs its last tower's); the moving
 averages of the losses (summaries only) are not kept.
 """
+from __future__ import annotations
+
 import argparse
-import os
 import sys
 import time
 from datetime import datetime
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-from examples.cifar10_tutorial import cifar10_input  # noqa: E402
-from modern import cluster  # noqa: E402
-from modern.checkpoints import write_tf1_checkpoint  # noqa: E402
-from modern.runtime import UsageError, check_writable, make_strategy, run_reporting_usage_errors  # noqa: E402
+from examples.cifar10_tutorial import cifar10_input
+from modern import cluster
+from modern.checkpoints import write_tf1_checkpoint
+from modern.runtime import UsageError, check_writable, make_strategy, run_reporting_usage_errors
 
 MOVING_AVERAGE_DECAY = 0.9999
 NUM_EPOCHS_PER_DECAY = 350.0
@@ -44,7 +43,7 @@ INITIAL_LEARNING_RATE = 0.1
 EMBEDDED_MAX_STEPS = 300
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch_size", type=int, default=128, help="images per batch, per replica")
@@ -66,25 +65,26 @@ def parse_args(argv=None):
 class LocalResponseNorm(keras.layers.Layer):
     """tf.nn.local_response_normalization as a layer (Keras 3 has none): the tutorial's parameters."""
 
-    def __init__(self, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, **kwargs):
+    def __init__(self, depth_radius: int = 4, bias: float = 1.0, alpha: float = 0.001 / 9.0, beta: float = 0.75,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.depth_radius, self.bias, self.alpha, self.beta = depth_radius, bias, alpha, beta
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         return tf.nn.local_response_normalization(inputs, self.depth_radius, self.bias, self.alpha, self.beta)
 
 
-def build_model():
+def build_model() -> Any:
     """The tutorial's network; every Dense kernel with weight decay wd carries keras L2(wd / 2)
     (wd * tf.nn.l2_loss(w) = wd * sum(w**2) / 2).  The layers' order is the TF1 variables' order."""
     normal = keras.initializers.TruncatedNormal
 
-    def conv(name, bias):
+    def conv(name: str, bias: float) -> Any:
         return keras.layers.Conv2D(64, 5, padding="same", activation="relu", name=name,
                                    kernel_initializer=normal(stddev=5e-2),
                                    bias_initializer=keras.initializers.Constant(bias))
 
-    def dense(units, name, stddev, wd, bias, activation="relu"):
+    def dense(units: int, name: str, stddev: float, wd: float, bias: float, activation: Optional[str] = "relu") -> Any:
         return keras.layers.Dense(units, activation=activation, name=name, kernel_initializer=normal(stddev=stddev),
                                   bias_initializer=keras.initializers.Constant(bias),
                                   kernel_regularizer=keras.regularizers.L2(wd / 2) if wd else None)
@@ -101,7 +101,7 @@ def build_model():
         dense(cifar10_input.NUM_CLASSES, "softmax_linear", 1 / 192.0, 0.0, 0.0, activation=None)], name="cifar10")
 
 
-def tf1_names(model):
+def tf1_names(model: Any) -> dict[str, Any]:
     """TF1 name -> variable: layer conv1's kernel -> 'conv1/weights', its bias -> 'conv1/biases'."""
     names = {}
     for layer in model.layers:
@@ -110,7 +110,8 @@ def tf1_names(model):
     return names
 
 
-def make_optimizer(batch_size, num_examples_per_epoch=cifar10_input.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN):
+def make_optimizer(batch_size: int,
+                   num_examples_per_epoch: int = cifar10_input.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN) -> Any:
     """Gradient descent on the tutorial's staircase decay: 0.1 x 0.1^floor(step / decay_steps)."""
     decay_steps = int(num_examples_per_epoch / batch_size * NUM_EPOCHS_PER_DECAY)
     schedule = keras.optimizers.schedules.ExponentialDecay(INITIAL_LEARNING_RATE, decay_steps,
@@ -118,7 +119,7 @@ def make_optimizer(batch_size, num_examples_per_epoch=cifar10_input.NUM_EXAMPLES
     return keras.optimizers.SGD(learning_rate=schedule)
 
 
-def make_moving_average(model, optimizer, decay=MOVING_AVERAGE_DECAY):
+def make_moving_average(model: Any, optimizer: Any, decay: float = MOVING_AVERAGE_DECAY) -> tuple[Any, dict[str, Any]]:
     """ExponentialMovingAverage(decay, num_updates=iterations) of the trainable variables; returns
     (ema, shadows by TF1 name).  Call in the strategy's scope."""
     ema = tf.train.ExponentialMovingAverage(decay, num_updates=optimizer.iterations)
@@ -126,7 +127,7 @@ def make_moving_average(model, optimizer, decay=MOVING_AVERAGE_DECAY):
     return ema, {name: ema.average(v.value) for name, v in tf1_names(model).items()}
 
 
-def replica_loss(model, images, labels, global_batch_size):
+def replica_loss(model: Any, images: Any, labels: Any, global_batch_size: Any) -> Any:
     """This replica's share: its rows' cross-entropy over the global batch, plus the weight decay
     over the replicas (their sum is the TF1 towers' average)."""
     logits = model(images, training=True)
@@ -135,7 +136,8 @@ def replica_loss(model, images, labels, global_batch_size):
             + tf.nn.scale_regularization_loss(tf.add_n(model.losses)))
 
 
-def make_train_step(model, optimizer, strategy, ema=None, return_grads=False, element_spec=None):
+def make_train_step(model: Any, optimizer: Any, strategy: Any, ema: Optional[Any] = None, return_grads: bool = False,
+                    element_spec: Optional[Any] = None) -> Callable[[Any], Any]:
     """A tf.function(dist_batch) -> loss (and, with return_grads, the summed gradients it applied)."""
     variables = model.trainable_variables
 
@@ -161,12 +163,13 @@ def make_train_step(model, optimizer, strategy, ema=None, return_grads=False, el
     return train_step
 
 
-def train_dataset(train_files, batch_size, num_replicas, distorted=True):
+def train_dataset(train_files: Sequence[str], batch_size: int, num_replicas: int, distorted: bool = True) -> Any:
     """Global batches: batch_size rows per replica, the tutorial's stream."""
     return cifar10_input.train_dataset(train_files, batch_size * num_replicas, distorted)
 
 
-def evaluate_averaged(shadows, eval_files, batch_size, num_examples):
+def evaluate_averaged(shadows: Mapping[str, Any], eval_files: Sequence[str], batch_size: int,
+                      num_examples: int) -> float:
     """The precision @ 1 of a network whose weights are the shadows, as the tutorial's eval counts it."""
     averaged = build_model()
     for name, v in tf1_names(averaged).items():
@@ -178,14 +181,14 @@ def evaluate_averaged(shadows, eval_files, batch_size, num_examples):
     return true_count / (num_iter * batch_size)
 
 
-def save_tf1(model, shadows, path):
+def save_tf1(model: Any, shadows: Mapping[str, Any], path: str) -> str:
     """The model (and its averages) as a TF1 checkpoint with the TF1 program's names."""
     values = {name: v.numpy() for name, v in tf1_names(model).items()}
     values.update({f"{name}/ExponentialMovingAverage": s.numpy() for name, s in shadows.items()})
     return write_tf1_checkpoint(values, path)
 
 
-def resolve_data(args):
+def resolve_data(args: argparse.Namespace) -> tuple[list[str], list[str], int]:
     try:
         train_files, eval_files, embedded = cifar10_input.resolve(args.data_dir)
         num_train, num_eval = cifar10_input.count_records(train_files), cifar10_input.count_records(eval_files)
@@ -198,7 +201,7 @@ def resolve_data(args):
     return train_files, eval_files, num_eval
 
 
-def build(strategy, args):
+def build(strategy: Any, args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], Any]:
     with strategy.scope():
         model = build_model()
         optimizer = make_optimizer(args.batch_size)
@@ -208,7 +211,7 @@ def build(strategy, args):
     return model, optimizer, ema, shadows, checkpoint
 
 
-def train(args):
+def train(args: argparse.Namespace) -> None:
     strategy = make_strategy(args.num_gpus)
     train_files, _, _ = resolve_data(args)
     check_writable(args.train_dir, "--train_dir")
@@ -232,7 +235,7 @@ def train(args):
     print(f"checkpoints in {args.train_dir}")
 
 
-def evaluate(args):
+def evaluate(args: argparse.Namespace) -> None:
     _, eval_files, num_eval = resolve_data(args)
     latest = tf.train.latest_checkpoint(args.train_dir)
     if latest is None:
@@ -243,7 +246,7 @@ def evaluate(args):
     print(f"{datetime.now()}: precision @ 1 = {precision:.3f} ({latest})")
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     return run_reporting_usage_errors(evaluate if args.eval else train, args)
 

@@ -2,10 +2,10 @@
 
 Run it (from the repository root):
 
-    python compare/bench.py                                   # CIFAR and MNIST, 1 and 2 towers, several batches
-    python compare/bench.py --model cifar --replicas 2 --batch 64 --repeats 3 --json reports/bench.json
-    python compare/bench.py --tiny --json /tmp/bench.json     # seconds: the configuration the tests run
-    python compare/bench.py --model cifar --replicas 2 --batch 64 --variants modern --trace /tmp/trace
+    python benchmarks/bench.py                                   # CIFAR and MNIST, 1 and 2 towers, several batches
+    python benchmarks/bench.py --model cifar --replicas 2 --batch 64 --repeats 3 --json reports/bench.json
+    python benchmarks/bench.py --tiny --json /tmp/bench.json     # seconds: the configuration the tests run
+    python benchmarks/bench.py --model cifar --replicas 2 --batch 64 --variants modern --trace /tmp/trace
 
 One run measures, on the same machine, model, global batch and tower / replica count:
 
@@ -53,6 +53,8 @@ Per configuration (the JSON has one record each, with these names):
                              with the same model, replicas and batch (the program as the original runs it)
 Devices: GPUs when there are enough for the towers, virtual CPU devices otherwise (as the programs).
 """
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -61,12 +63,9 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any, Callable, Optional, Sequence
 
-if __package__ in (None, ""):  # `python compare/bench.py`: make the repository importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from records.usage import ArgumentParser, at_least  # noqa: E402
+from records.usage import ArgumentParser, at_least
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
@@ -91,7 +90,7 @@ FIELDS = ("model", "variant", "replicas", "batch", "examples_per_sec_median", "e
           "cpu_busy", "timed_steps", "repeats", "devices")
 
 
-def parse_args(argv=None):
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("cifar", "mnist", "all"), default="all", help="which programs")
     p.add_argument("--replicas", type=at_least(1), nargs="+", default=[1, 2], help="towers = replicas")
@@ -163,20 +162,20 @@ class _IteratorInputs:
     The graph is otherwise the program's own; a step feeds only keep_prob and is_training.
     """
 
-    def __init__(self, tf1, defaults):
+    def __init__(self, tf1: Any, defaults: dict[str, Any]) -> None:
         self._tf1, self._defaults = tf1, defaults
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._tf1, name)
 
-    def placeholder(self, dtype, shape=None, name=None):
+    def placeholder(self, dtype: Any, shape: Any = None, name: Optional[str] = None) -> Any:
         if name not in self._defaults:
             return self._tf1.placeholder(dtype, shape, name=name)
         default = self._tf1.cast(self._defaults[name], dtype)
         return self._tf1.placeholder_with_default(default, default.shape if shape is None else shape, name=name)
 
 
-def cifar_legacy_worker(spec, launched):
+def cifar_legacy_worker(spec: dict[str, Any], launched: float) -> dict[str, Any]:
     import numpy as np
     import tensorflow.compat.v1 as tf1
     from legacy import cifar_resnet as program, towers
@@ -223,7 +222,7 @@ def cifar_legacy_worker(spec, launched):
             return dict(_timed_loop(step, spec, launched), devices=devices)
 
 
-def distribute(strategy, dataset, inputs):
+def distribute(strategy: Any, dataset: Any, inputs: str) -> Any:
     """The modern programs' input path (`modern.cluster.distribute`, as their `train`), or with
     inputs="strategy" the strategy's own distributed iterator."""
     from modern import cluster
@@ -232,7 +231,7 @@ def distribute(strategy, dataset, inputs):
     return cluster.distribute(strategy, None, dataset)
 
 
-def cifar_modern_worker(spec, launched):
+def cifar_modern_worker(spec: dict[str, Any], launched: float) -> dict[str, Any]:
     import tensorflow as tf
     from modern import cifar_resnet as program
     from modern.runtime import make_strategy
@@ -263,7 +262,7 @@ def cifar_modern_worker(spec, launched):
     return dict(_timed_loop(step, spec, launched), devices=list(strategy.extended.worker_devices))
 
 
-def mnist_legacy_worker(spec, launched):
+def mnist_legacy_worker(spec: dict[str, Any], launched: float) -> dict[str, Any]:
     import tensorflow.compat.v1 as tf1
     from legacy import mnist_multi_gpu as program
     from legacy.towers import session_config, tower_devices
@@ -289,7 +288,7 @@ def mnist_legacy_worker(spec, launched):
             return dict(_timed_loop(step, spec, launched), devices=devices)
 
 
-def mnist_modern_worker(spec, launched):
+def mnist_modern_worker(spec: dict[str, Any], launched: float) -> dict[str, Any]:
     from modern import mnist_multi_gpu as program
     from modern.runtime import make_strategy
 
@@ -315,7 +314,7 @@ def mnist_modern_worker(spec, launched):
     return dict(_timed_loop(step, spec, launched), devices=list(strategy.extended.worker_devices))
 
 
-def calibrate_worker(spec, launched):
+def calibrate_worker(spec: dict[str, Any], launched: float) -> dict[str, Any]:
     """The matmul peak (GFLOP/s) and each side's forward FLOPs per example."""
     import tensorflow as tf
     size = spec["matmul_size"]
@@ -334,7 +333,7 @@ def calibrate_worker(spec, launched):
     return dict(matmul_gflops=2 * size ** 3 / best / 1e9, matmul_size=size, flops=flops)
 
 
-def _forward_flops(graph, output):
+def _forward_flops(graph: Any, output: Any) -> int:
     """The profiler's float ops of the part of `graph` that computes `output` (not the initialisers)."""
     import tensorflow as tf
     graph_def = tf.compat.v1.graph_util.extract_sub_graph(graph.as_graph_def(add_shapes=True), [output.op.name])
@@ -346,7 +345,7 @@ def _forward_flops(graph, output):
     return tf.compat.v1.profiler.profile(graph=forward, options=options).total_float_ops
 
 
-def _legacy_forward(model):
+def _legacy_forward(model: str) -> tuple[Any, Any]:
     """(graph, logits): one example's legacy inference pass (slim's network, as the programs build it)."""
     import tensorflow.compat.v1 as tf1
     graph = tf1.Graph()
@@ -381,12 +380,13 @@ def _modern_forward(model):
 
 # Each variant runs in its side's worker: (legacy worker, modern worker) per model.
 SIDES = {"cifar": (cifar_legacy_worker, cifar_modern_worker), "mnist": (mnist_legacy_worker, mnist_modern_worker)}
-WORKERS = {(model, variant): SIDES[model][variant.startswith("modern")]
-           for model, variants in VARIANTS.items() for variant in variants}
+WORKERS: dict[tuple[str, Optional[str]], Callable[[dict[str, Any], float], dict[str, Any]]] = {
+    (model, variant): SIDES[model][variant.startswith("modern")]
+    for model, variants in VARIANTS.items() for variant in variants}
 WORKERS[("calibrate", None)] = calibrate_worker
 
 
-def run_worker(spec_json):
+def run_worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     worker = WORKERS[(spec["model"], spec.get("variant"))]
     result = worker(spec, spec["launched"])
@@ -397,7 +397,7 @@ def run_worker(spec_json):
 # ----------------------------------------------------------------------------------------------
 # The driver: configurations, interleaved processes, the table.
 # ----------------------------------------------------------------------------------------------
-def spawn(spec):
+def spawn(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one worker process; return its result dict (raise with its stderr tail if it fails)."""
     spec = dict(spec, launched=time.time())
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
@@ -410,7 +410,7 @@ def spawn(spec):
     return json.loads(lines[-1][len(RESULT_TAG):])
 
 
-def configurations(args):
+def configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     models = ("cifar", "mnist") if args.model == "all" else (args.model,)
     configs = []
     for model in models:
@@ -424,7 +424,7 @@ def configurations(args):
     return configs
 
 
-def summarise(config, runs, calibration):
+def summarise(config: dict[str, Any], runs: Sequence[dict[str, Any]], calibration: dict[str, Any]) -> dict[str, Any]:
     """One JSON record from the runs (worker results) of one configuration."""
     timed = [(r, s) for run in runs for r, s in zip(run["rows"][config["warmup"]:], run["seconds"][config["warmup"]:])]
     rates = sorted(r / s for r, s in timed)
@@ -443,7 +443,7 @@ def summarise(config, runs, calibration):
                 timed_steps=len(timed), repeats=len(runs), devices=runs[0]["devices"], vs_legacy=None)
 
 
-def add_ratios(records):
+def add_ratios(records: Sequence[dict[str, Any]]) -> None:
     """vs_legacy: each record's median examples/sec over its baseline's (the first legacy variant)."""
     for record in records:
         base = next((b for b in records if b["model"] == record["model"] and b["replicas"] == record["replicas"]
@@ -452,7 +452,7 @@ def add_ratios(records):
             record["vs_legacy"] = record["examples_per_sec_median"] / base["examples_per_sec_median"]
 
 
-def table(records, calibration):
+def table(records: Sequence[dict[str, Any]], calibration: dict[str, Any]) -> str:
     header = (f"{'model':6} {'variant':24} {'rep':>3} {'batch':>5} {'ex/s med':>9} {'min':>7} {'max':>7} "
               f"{'x legacy':>8} {'step ms':>8} {'1st step s':>10} {'RSS MB':>7} {'MFLOP/ex':>9} "
               f"{'GFLOP/s':>8} {'% peak':>6} {'% CPU':>5}")
@@ -469,7 +469,7 @@ def table(records, calibration):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.worker:
         run_worker(args.worker)
@@ -486,7 +486,7 @@ def main(argv=None):
     print(f"calibration: matmul peak {calibration['matmul_gflops']:.1f} GFLOP/s; forward MFLOP/example "
           + ", ".join(f"{m} legacy {f['legacy'] / 1e6:.2f} modern {f['modern'] / 1e6:.2f}"
                       for m, f in calibration["flops"].items()), flush=True)
-    runs = [[] for _ in configs]
+    runs: list[list[dict[str, Any]]] = [[] for _ in configs]
     for repeat in range(args.repeats):
         for i, config in enumerate(configs):
             spec = dict(config)
@@ -507,7 +507,7 @@ def main(argv=None):
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"command": "python compare/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            json.dump({"command": "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
                        "calibration": calibration, "configurations": records}, f, indent=1)
         print(f"results in {args.json}")
     return 0

@@ -1,0 +1,1 @@
+"""Speed benchmarks of the legacy TF1 programs and their modern TF2 twins (not parity checks)."""

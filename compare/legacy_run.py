@@ -1,0 +1,262 @@
+"""The legacy side of a pairing: the TF1 program's graph in a session of its own config.
+
+`LegacyRun` builds the graph with the adapter's `LegacySide.build`, finds in it what the harness needs
+(variables, the optimizer's updates and slots, moving statistics, dropouts: `compare.tf1_graph`), adds
+its own taps and setters beside the program's ops, and answers the `compare.state.Run` verbs:
+
+    state() / restore(state)        every variable, as numpy, in TF1's names
+    step(batch, masks, towers)      the program's train op on one fed batch -> StepOutcome
+    gradients(batch, masks, towers) the combined loss and the averaged gradients, nothing applied
+    predict(x)                      the towers' logits in inference mode, rows in batch order
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from compare import optimizers
+from compare import tf1_graph
+from compare.interface import Batch, DataFiles, LegacyGraph, Pair, TowerFeed
+from compare.state import Masks, State, StepOutcome
+
+tf1 = tf.compat.v1
+
+
+class HarnessError(Exception):
+    """The pair cannot be judged as built (the message names what does not fit)."""
+
+
+class TowerRows(NamedTuple):
+    """Rows (indices into a batch) and the loss weight of each legacy tower, for LegacyGraph.feed_towers."""
+    rows: Sequence[np.ndarray]
+    weights: Sequence[float]
+
+
+class Fed(NamedTuple):
+    """One batch as the program's towers receive it: the feed dict, and the adapter's TowerFeed."""
+    feed_dict: dict
+    towers: TowerFeed
+
+
+class LegacyRun:
+    """The program's graph (`lg`, the adapter's LegacyGraph) in the program's own session config."""
+
+    def __init__(self, pair: Pair, flags: Any, towers: int, files: DataFiles, seed: int):
+        self.pair, self.flags, self.towers = pair, flags, towers
+        self.graph = tf1.Graph()
+        with self.graph.as_default():
+            tf1.set_random_seed(seed)
+            lg = pair.legacy.build(flags, towers, files)
+            if not isinstance(lg, LegacyGraph):
+                raise HarnessError(f"{type(pair.legacy).__name__}.build returned {type(lg).__name__}, "
+                                   f"not a compare.interface.LegacyGraph")
+            self.lg = lg
+            check_graph(lg, towers)
+            self.by_name = tf1_graph.variables_by_name(self.graph)
+            self.trainable = [v.op.name for _, v in lg.grads_and_vars]
+            self.updates = tf1_graph.optimizer_updates(self.graph, lg.grads_and_vars)
+            self.applied = [g for g, _ in lg.grads_and_vars]
+            self.moving = tf1_graph.moving_updates(self.graph, lg.tower_losses)
+            self.model = [v.op.name for v in tf1_graph.model_variables(self.graph, lg.grads_and_vars, self.moving)]
+            self.dropouts = tf1_graph.dropouts(self.graph, lg.tower_losses)
+            self.fan_ins = tf1_graph.fan_ins(lg.tower_losses[0])
+            self.shadows = self.find_shadows()
+            with tf1.name_scope("parity_taps/"):
+                self.taps = [tf1.identity(u.value) for u in self.moving]
+            self.powers = powers_of(self.updates, self.by_name)
+            self.setters = self.make_setters()
+            self.init = tf1.global_variables_initializer()
+            self.saver = tf1.train.Saver(var_list={n: self.by_name[n] for n in self.model})
+            self.full_saver = tf1.train.Saver()  # every variable, as the programs' own Saver() saves
+        self.sess = tf1.Session(graph=self.graph, config=harness_config(pair.legacy.session_config(flags, towers)))
+        self.sess.run(self.init)
+        for init in (lg.pipeline.initializer if lg.pipeline else ()):
+            self.sess.run(init)
+        first = next(iter(self.updates.values()))
+        self.rule = optimizers.legacy_rule(first, self.sess)
+        kinds = {u.rule for u in self.updates.values()}
+        if len(kinds) > 1:
+            raise HarnessError(f"the legacy graph updates its variables with several rules "
+                               f"({', '.join(sorted(kinds))})")
+        self._decays: Optional[dict[str, float]] = None
+        self._lr_at: Optional[tf1_graph.StepFunction] = None
+
+    def find_shadows(self) -> dict[str, Any]:
+        """{trainable variable: its moving-average shadow}, through the program's ExponentialMovingAverage."""
+        shadows = {}
+        if self.lg.moving_averages is not None:
+            for name in self.trainable:
+                shadow = self.lg.moving_averages.average(self.by_name[name])
+                if shadow is not None:
+                    shadows[name] = shadow
+        return shadows
+
+    def make_setters(self) -> dict[str, tuple[Any, Any]]:
+        """{variable name: (placeholder, assign op)} for every variable a State sets."""
+        state_vars = [self.by_name[n] for n in self.model] + [
+            s for u in self.updates.values() for s in u.slots.values()] + list(self.powers.values()) + [
+            self.global_step_var] + list(self.shadows.values())
+        setters = {}
+        with tf1.name_scope("parity_setters/"):
+            for v in dict.fromkeys(state_vars):
+                ph = tf1.placeholder(v.dtype.base_dtype, v.shape)
+                setters[v.op.name] = (ph, v.assign(ph))
+        return setters
+
+    @property
+    def global_step_var(self) -> Any:
+        gs = self.lg.global_step
+        return self.by_name.get(gs.op.name, gs)
+
+    # -- state -------------------------------------------------------------------------------
+    def state(self) -> State:
+        fetch = {"weights": {n: self.by_name[n] for n in self.model},
+                 "slots": {n: dict(u.slots) for n, u in self.updates.items()},
+                 "step": self.global_step_var, "shadows": dict(self.shadows)}
+        out = self.sess.run(fetch)
+        return State(out["weights"], out["slots"], int(out["step"]), out["shadows"] or None)
+
+    def restore(self, state: State, lr: Optional[float] = None, powers: bool = True) -> None:
+        """Set every variable of `state`; with `powers`, Adam's beta powers to beta^(step + 1),
+        what `step` steps leave in them.  (`lr` is the modern side's concern: TF1's slots do not
+        depend on the rate.)"""
+        values: dict[str, Any] = dict(state.weights)
+        for name, slots in state.slots.items():
+            for key, value in slots.items():
+                values[self.updates[name].slots[key].op.name] = value
+        values[self.global_step_var.op.name] = state.step
+        if state.shadows and self.shadows:
+            values.update((self.shadows[n].op.name, v) for n, v in state.shadows.items())
+        if powers and self.powers:
+            for key, var in self.powers.items():
+                beta = self.rule.beta1 if key == "beta1_power" else self.rule.beta2
+                values[var.op.name] = np.float32(beta) ** (state.step + 1)
+        self.assign(values)
+
+    def assign(self, values: dict[str, Any]) -> None:
+        """Set variables by name through their setters."""
+        self.sess.run([self.setters[n][1] for n in values], {self.setters[n][0]: v for n, v in values.items()})
+
+    def set_step(self, step: int) -> None:
+        self.assign({self.global_step_var.op.name: step})
+
+    def save(self, path: str) -> str:
+        with self.graph.as_default():
+            return self.saver.save(self.sess, path, write_meta_graph=False)
+
+    # -- running -------------------------------------------------------------------------------
+    def feed(self, batch: Batch, training: bool, masks: Masks = None, towers: Optional[TowerRows] = None) -> Fed:
+        """`batch` as the program feeds it, with `masks` imposed on the dropouts: masks[k][i] is
+        dropout k's mask for tower i's rows (from `Sides.tower_masks`).  towers: the rows and weight
+        of each tower, through LegacyGraph.feed_towers."""
+        tower_feed = self.lg.feed(batch, training)
+        feed: dict[Any, Any] = dict(tower_feed.feed_dict)
+        if towers is not None:
+            if self.lg.feed_towers is None:
+                raise HarnessError("this legacy graph has no feed_towers")
+            feed = dict(self.lg.feed_towers(batch, towers.rows, towers.weights, training))
+            tower_feed = dataclasses.replace(tower_feed, feed_dict=feed, rows=list(towers.rows),
+                                             weights=list(towers.weights))
+        if masks is not None:
+            for k, per_tower in enumerate(masks):
+                for d in (d for d in self.dropouts if self.dropout_index(d) == k):
+                    feed[d.noise] = per_tower[d.tower or 0]
+        return Fed(feed, tower_feed)
+
+    def dropout_index(self, dropout: tf1_graph.Dropout) -> int:
+        """The position of a dropout among its tower's dropouts (k-th dropout of the network)."""
+        same = [d for d in self.dropouts if d.tower == dropout.tower]
+        return same.index(dropout)
+
+    def run(self, fetches: Any, batch: Batch, training: bool, masks: Masks = None,
+            towers: Optional[TowerRows] = None) -> Any:
+        return self.sess.run(fetches, self.feed(batch, training, masks, towers).feed_dict)
+
+    def gradients(self, batch: Batch, masks: Masks = None, towers: Optional[TowerRows] = None) -> StepOutcome:
+        """The combined loss and the averaged gradients of one fed batch in training mode (nothing applied)."""
+        loss, grads = self.run([self.lg.loss, self.applied], batch, True, masks, towers)
+        return StepOutcome(float(loss), dict(zip(self.trainable, grads)), masks=masks,
+                           source="legacy grads_and_vars")
+
+    def step(self, batch: Batch, masks: Masks = None, towers: Optional[TowerRows] = None) -> StepOutcome:
+        """One training step (the program's train_op): its loss, rate, gradients and batch statistics."""
+        loss, lr, grads, stats, _ = self.run(
+            [self.lg.loss, self.lg.learning_rate, self.applied, self.taps,
+             self.lg.train_op], batch, True, masks, towers)
+        return StepOutcome(float(loss), dict(zip(self.trainable, grads)), lr=float(lr), masks=masks,
+                           source="legacy train op", stats=list(stats))
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The towers' logits in inference mode (the program's validation feed), in the rows' order.
+        Rows no tower sees are NaN."""
+        fed = self.feed(Batch(x, np.zeros(len(x), np.int32)), False)
+        logits = self.sess.run(list(self.lg.tower_logits), fed.feed_dict)
+        out = np.full((len(x), np.shape(logits[0])[-1]), np.nan, np.float32)
+        for rows, values in zip(fed.towers.rows, logits):
+            out[np.asarray(rows, int)] = values
+        return out
+
+    def moving_decays(self) -> dict[str, float]:
+        """{moving statistic's name: the decay its updates use in training}, read once."""
+        if self._decays is None:
+            first: dict[str, tf1_graph.MovingUpdate] = {}
+            for u in self.moving:
+                first.setdefault(u.variable.op.name, u)
+            feed = self.feed(self.pair.data.batch(self.pair.rows_per_tower * self.towers, 0), True).feed_dict
+            values = self.sess.run({n: u.one_minus_decay for n, u in first.items()}, feed)
+            self._decays = {n: 1 - float(v) for n, v in values.items()}
+        return self._decays
+
+    def learning_rate_at(self, step: int) -> float:
+        """The legacy rate at a global step (its tensor evaluated without its control dependencies)."""
+        if self._lr_at is None:
+            self._lr_at = tf1_graph.StepFunction(self.graph, self.lg.learning_rate, self.global_step_var, self.sess)
+        return self._lr_at(step)
+
+    def close(self) -> None:
+        self.sess.close()
+
+
+def harness_config(config: Any) -> Any:
+    """The program's session config, with grappler's constant folding off.  The harness feeds its rows
+    in place of tensors the program computes (an iterator's get_next()); constant folding would fold
+    the static shape of such a tensor into a constant that keeps a control edge to the op that made it,
+    and so pull the program's input stream on every fetch that takes a gradient through a convolution.
+    Folding changes no value the graph computes."""
+    config = tf1.ConfigProto.FromString(config.SerializeToString())
+    rewrite = config.graph_options.rewrite_options
+    rewrite.constant_folding = rewrite.OFF  # the RewriterConfig enum, as the message exposes it
+    return config
+
+
+def powers_of(updates: dict[str, tf1_graph.OptimizerUpdate], by_name: dict[str, Any]) -> dict[str, Any]:
+    """Adam's running beta powers (TF1 keeps them as variables, read by every Adam update op)."""
+    out = {}
+    for u in updates.values():
+        if u.rule == "adam":
+            for key in ("beta1_power", "beta2_power"):
+                var = tf1_graph.variable_of(u.inputs[key], by_name)
+                if var is not None:
+                    out[key] = var
+    return out
+
+
+def check_graph(lg: LegacyGraph, towers: int) -> None:
+    """The LegacyGraph's shapes: one logit and loss tensor per tower, scalar losses."""
+    problems = []
+    for field in ("tower_logits", "tower_losses"):
+        if len(getattr(lg, field)) != towers:
+            problems.append(f"{field} has {len(getattr(lg, field))} entries for {towers} towers")
+    for t in list(lg.tower_losses) + [lg.loss]:
+        if t.shape.rank not in (None, 0):
+            problems.append(f"{t.name} is not a scalar (shape {t.shape})")
+    for t in lg.tower_logits:
+        if t.shape.rank not in (None, 2):
+            problems.append(f"{t.name} is not [rows, classes] (shape {t.shape})")
+    if not lg.grads_and_vars or any(g is None for g, _ in lg.grads_and_vars):
+        problems.append("grads_and_vars is empty or holds a None gradient")
+    if problems:
+        raise HarnessError("the legacy graph does not fit the interface: " + "; ".join(problems))

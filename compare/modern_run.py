@@ -1,0 +1,229 @@
+"""The modern side of a pairing: the TF2 port's model, optimizer and steps under its strategy.
+
+`ModernRun` builds the port with the adapter's `ModernSide.build`, pairs its variables with the legacy
+graph's (by the adapter's map, or by creation order and shape), finds its dropout and batch-norm
+layers by type, and answers the `compare.state.Run` verbs in TF1's names and parameterisation:
+
+    state() / restore(state, lr)    every variable; Keras' momentum slot is -lr times TF1's accumulator
+    step(batch, before)             the port's own train step on one batch -> StepOutcome, with the
+                                    dropout masks it drew and each replica's rows
+    predict(x)                      logits in inference mode
+
+Dropout masks belong to rows: the modern step's masks are drawn by the model's own dropout layers
+from the seed the step is about to use, the seeds then put back, so the step draws the same masks;
+the legacy towers get the same masks for the same rows through their dropout noise.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from compare import common
+from compare import optimizers
+from compare.interface import Batch, DataFiles, ModernBuild, Pair
+from compare.legacy_run import HarnessError, LegacyRun
+from compare.state import Arrays, Masks, ReplicaBatch, State, StepOutcome
+from modern import keras_adapter
+
+
+class ModernRun:
+    """The port's model, optimizer and steps (the adapter's ModernBuild) under its strategy."""
+
+    def __init__(self, pair: Pair, flags: Any, strategy: Any, files: DataFiles, legacy: LegacyRun):
+        self.pair, self.flags, self.strategy = pair, flags, strategy
+        with strategy.scope():
+            build = pair.modern.build(flags, strategy, files)
+        if not isinstance(build, ModernBuild):
+            raise HarnessError(f"{type(pair.modern).__name__}.build returned {type(build).__name__}, "
+                               f"not a compare.interface.ModernBuild")
+        self.build = build
+        self.model, self.optimizer = build.model, build.optimizer
+        self.names = dict(build.variables) if build.variables is not None else default_variable_map(
+            legacy, self.model)
+        check_variable_map(self.names, legacy, self.model)
+        self.rule = optimizers.modern_rule(self.optimizer)
+        by_id = {id(v): n for n, v in self.names.items()}
+        self.trainable = [by_id.get(id(v)) for v in self.model.trainable_variables]
+        self.slots = {n: keras_adapter.optimizer_slots(self.optimizer, self.names[n]) for n in legacy.trainable}
+        layers = keras_adapter.all_layers(self.model)
+        self.dropouts = [layer for layer in layers if isinstance(layer, keras.layers.Dropout)]
+        self.batch_norms = [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
+        self.seeds = [layer.seed_generator.state for layer in layers
+                      if isinstance(getattr(layer, "seed_generator", None), keras.random.SeedGenerator)]
+        self.shadows = dict(build.shadows) if build.shadows is not None else {}
+        self.mask_shapes = [tuple(d.noise.shape[1:]) for d in legacy.dropouts if d.tower == 0]
+        self._draw: Any = None
+        self.state_lr = 1.0
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = self.build.predict(x) if self.build.predict is not None else self.model(x, training=False)
+        return np.asarray(out)
+
+    # -- state -------------------------------------------------------------------------------
+    def restore(self, state: State, lr: Optional[float] = None) -> None:
+        """Assign `state` (TF1 names and parameterisation) to every replica's copy of each variable;
+        `lr` is the rate of the step about to run (for slots whose parameterisation depends on it)."""
+        self.state_lr = 1.0 if lr is None else lr
+        pairs = [(self.names[n], state.weights[n]) for n in state.weights]
+        for n, slots in state.slots.items():
+            for key, value in optimizers.modern_slots_from_legacy(self.rule, slots, self.state_lr).items():
+                pairs.append((self.slots[n][key], value))
+        pairs.append((self.optimizer.iterations, np.int64(state.step)))
+        if state.shadows and self.shadows:
+            pairs += [(self.shadows[n], v) for n, v in state.shadows.items()]
+        for target, value in pairs:
+            assign_everywhere(target, value)
+
+    def weights(self, names: Any) -> Arrays:
+        return {n: np.asarray(self.names[n].numpy()) for n in names}
+
+    def slot_values(self, names: Any) -> dict[str, Arrays]:
+        return {n: {k: np.asarray(v.numpy()) for k, v in self.slots[n].items()} for n in names}
+
+    def shadow_values(self) -> Arrays:
+        return {n: np.asarray(v.numpy()) for n, v in self.shadows.items()}
+
+    def iterations(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def state(self) -> State:
+        names = [n for n in self.trainable if n is not None]
+        slots = {n: self.legacy_slots(n) for n in names}
+        return State(self.weights(self.names), slots, self.iterations(), self.shadow_values() or None)
+
+    def legacy_slots(self, n: str) -> Arrays:
+        values = {k: np.asarray(v.numpy()) for k, v in self.slots[n].items()}
+        if self.rule.rule == "momentum":
+            return {"accum": values["momentum"] / -np.float32(self.state_lr)}
+        return values
+
+    # -- one step ------------------------------------------------------------------------------
+    def distribute(self, batch: Batch) -> tuple[Any, list[ReplicaBatch]]:
+        """(the distributed element for `batch`, each replica's rows as numpy)."""
+        element = self.build.distribute(batch)
+        parts = [common.local(self.strategy, t) for t in element]
+        weights = parts[2] if len(parts) > 2 else [np.ones(len(x), np.float32) for x in parts[0]]
+        return element, [ReplicaBatch(x, y, w) for x, y, w in zip(parts[0], parts[1], weights)]
+
+    def draw_masks(self, element: Any) -> Masks:
+        """masks[k][r]: the mask dropout layer k will draw on replica r in the next training step
+        (1 kept, 0 dropped); the layers' seeds are put back, so the step draws the same masks."""
+        if not self.dropouts:
+            return []
+        if len(self.mask_shapes) != len(self.dropouts):
+            raise HarnessError(f"the legacy towers have {len(self.mask_shapes)} dropouts, the model "
+                               f"{len(self.dropouts)} Dropout layers: the masks cannot be matched")
+        if self._draw is None:
+            layers, shapes = self.dropouts, self.mask_shapes
+
+            @tf.function(reduce_retracing=True)
+            def draw(dist: Any) -> Any:
+                def replica(x: Any, *_: Any) -> list[Any]:
+                    rows = tf.shape(x)[0]
+                    return [layer(tf.ones(tf.concat([[rows], shape], 0)), training=True)
+                            for layer, shape in zip(layers, shapes)]
+                with self.strategy.scope():
+                    return self.strategy.run(replica, args=dist)
+            self._draw = draw
+        before = [s.numpy() for s in self.seeds]
+        drawn = self._draw(element)
+        for s, value in zip(self.seeds, before):
+            s.assign(value)
+        return [[(m != 0).astype(np.float32) for m in common.local(self.strategy, per_layer)] for per_layer in drawn]
+
+    def step(self, batch: Batch, before: Optional[State] = None) -> StepOutcome:
+        """One training step of the port on `batch`: its loss, the gradients by TF1 name, the rate it
+        used, the masks it drew and each replica's rows.
+
+        before: the state the step starts from (set by the caller), for gradients read back out
+        of the update when the step does not return them."""
+        element, replicas = self.distribute(batch)
+        masks = self.draw_masks(element)
+        lr = float(np.asarray(self.optimizer.learning_rate))  # the schedule at iterations, before the update
+        if before is None:
+            before = self.state()
+        result = self.build.train_step(element)
+        if result.gradients is not None:
+            grads = {n: np.asarray(g) for n, g in zip(self.trainable, result.gradients) if n is not None}
+            source = "returned by the train step"
+        else:
+            grads = self.gradients_from_update(before, lr)
+            source = f"read back from the update ({self.rule.describe()})"
+        return StepOutcome(float(result.loss), grads, lr=lr, masks=masks, replicas=replicas, source=source)
+
+    def gradients_from_update(self, before: State, lr: float) -> Arrays:
+        """The gradients the step just applied, read back from the weights and slots it changed."""
+        names = list(before.slots)
+        after_w, after_s = self.weights(names), self.slot_values(names)
+
+        def one(n: str) -> np.ndarray:
+            return optimizers.gradients_from_slots(self.rule, self.with_w(before, n), dict(after_s[n], w=after_w[n]),
+                                                   lr)
+        return dict(zip(names, common.parallel_map(one, names)))
+
+    def with_w(self, state: State, n: str) -> Arrays:
+        slots = optimizers.modern_slots_from_legacy(self.rule, state.slots[n], self.state_lr)
+        return dict(slots, w=state.weights[n])
+
+    def close(self) -> None:
+        """Nothing to release: the model lives as long as the process."""
+
+
+def assign_everywhere(target: Any, value: Any) -> None:
+    """Assign a value to every replica's copy of a (Keras or tf) variable, one host copy for all."""
+    variable = target.value if isinstance(target, keras.Variable) else target
+    copies = getattr(variable, "values", None) or (variable,)
+    value = tf.constant(value) if len(copies) > 1 else value
+    for copy in copies:
+        with tf.device(copy.device):
+            copy.assign(value)
+
+
+def default_variable_map(legacy: LegacyRun, model: Any) -> dict[str, Any]:
+    """TF1 name -> model variable by creation order and shape: the legacy model variables (in the
+    order the graph created them) against the model's weights (in the order Keras lists them)."""
+    weights = model_weights(model)
+    names = legacy.model
+    if len(weights) != len(names):
+        raise HarnessError(f"cannot pair the variables by creation order: the legacy graph has {len(names)} "
+                           f"model variables, the model {len(weights)} weights (give ModernBuild.variables)")
+    mismatched = [f"{n} {legacy.by_name[n].shape.as_list()} vs {w.path} {list(w.shape)}"
+                  for n, w in zip(names, weights) if legacy.by_name[n].shape.as_list() != list(w.shape)]
+    if mismatched:
+        raise HarnessError("cannot pair the variables by creation order, shapes differ: " + "; ".join(mismatched[:6])
+                           + " (give ModernBuild.variables, TF1 name -> variable)")
+    return dict(zip(names, weights))
+
+
+def model_weights(model: Any) -> list[Any]:
+    """The model's weights without the random-number state of its layers (a seed is not a weight)."""
+    seeds = {id(layer.seed_generator.state) for layer in keras_adapter.all_layers(model)
+             if isinstance(getattr(layer, "seed_generator", None), keras.random.SeedGenerator)}
+    return [w for w in model.weights if id(w) not in seeds]
+
+
+def check_variable_map(names: dict[str, Any], legacy: LegacyRun, model: Any) -> None:
+    """Every legacy model variable maps to exactly one model weight of its shape, and back."""
+    problems = []
+    missing = [n for n in legacy.model if n not in names]
+    if missing:
+        problems.append(f"legacy variables with no modern variable: {', '.join(missing[:6])}")
+    unknown = [n for n in names if n not in legacy.by_name]
+    if unknown:
+        problems.append(f"names that are not legacy variables: {', '.join(unknown[:6])}")
+    ids = [id(v) for v in names.values()]
+    twice = sorted({n for n, v in names.items() if ids.count(id(v)) > 1})
+    if twice:
+        problems.append(f"legacy variables mapped to the same modern variable: {', '.join(twice[:6])}")
+    shapes = [f"{n} {legacy.by_name[n].shape.as_list()} vs {list(v.shape)}" for n, v in names.items()
+              if n in legacy.by_name and legacy.by_name[n].shape.as_list() != list(v.shape)]
+    if shapes:
+        problems.append(f"shapes differ: {'; '.join(shapes[:6])}")
+    unmapped = [w.path for w in model_weights(model) if id(w) not in set(ids)]
+    if unmapped:
+        problems.append(f"model weights no legacy variable maps to: {', '.join(unmapped[:6])}")
+    if problems:
+        raise HarnessError("the variable map does not pair the two models one to one: " + "; ".join(problems))
