@@ -38,7 +38,7 @@ def test_runtime_dependencies_are_declared_and_the_installed_versions_satisfy_th
 def test_extras_for_plot_tensorboard_tests_and_gpu():
     extras = {name: _requirements(lines) for name, lines in PROJECT["optional-dependencies"].items()}
     assert {name: set(reqs) for name, reqs in extras.items()} == {
-        "plot": {"matplotlib"}, "tensorboard": {"tensorboard"}, "test": {"pytest", "pytest-xdist", "ruff"},
+        "plot": {"matplotlib"}, "tensorboard": {"tensorboard"}, "test": {"pytest", "pytest-xdist", "ruff", "mypy"},
         "gpu": {"tensorflow"}}
     assert extras["gpu"]["tensorflow"].extras == {"and-cuda"}
     assert (ROOT / "requirements.txt").read_text().splitlines()[-1] == "-e .[test,plot]"
