@@ -628,8 +628,13 @@ class TF1Environment:
 
     @staticmethod
     def _reset_graph() -> None:
-        with contextlib.suppress(AssertionError):  # the caller is inside a graph of its own: keep it
+        try:
             tf.reset_default_graph()
+        except AssertionError:
+            # The caller is inside a graph of its own: keep it, and drop only TF1's implicit global
+            # graph the program may have made, which would stop TF2 behaviour coming back
+            # ("tf.enable_eager_execution must be called at program startup").
+            ops._default_graph_stack._global_default_graph = None
 
     # -- the patches -----------------------------------------------------------------------------
     def _mapped_device(self, original: Callable[..., Any]) -> Callable[..., Any]:

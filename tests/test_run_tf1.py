@@ -272,6 +272,26 @@ def test_environment_twice_in_one_process_then_eager_and_keras_3_work(classic, t
     assert "num_gpus" not in flags.FLAGS and "data_dir" not in flags.FLAGS
 
 
+def test_environment_inside_a_graph_of_the_callers_gives_it_back_and_tf2_behaviour(classic, tmp_path):
+    """As the parity harness enters it: inside a graph of its own, in a process where TF's implicit
+    global graph exists already (any `tf.compat.v1.get_default_graph()` outside a graph makes it).
+    Leaving keeps the caller's graph and turns TF2 behaviour back on, every time."""
+    import tensorflow as tf
+
+    from legacy import run_tf1
+    program, data = classic
+    argv = ["--num_gpus", "2", "--max_steps", "2", "--batch_size", "8", "--data_dir", str(data),
+            "--train_dir", str(tmp_path / "train")]
+    tf.compat.v1.get_default_graph()
+    for _ in range(2):
+        outer = tf.Graph()
+        with outer.as_default():
+            with run_tf1.tf1_environment(program, log=lambda _: None) as env:
+                assert env.run_program(argv) == 0
+            assert tf.compat.v1.get_default_graph() is outer
+        assert tf.executing_eagerly()
+    assert float(tf.reduce_sum(tf.ones([3]))) == 3.0
+
 def tower_devices(graph):
     """{tower: the devices its ops asked for}."""
     devices = {}
