@@ -6,8 +6,9 @@ adds an `Identity` tap beside the graph or feeds a tensor the program computes (
 replace any feedable tensor), so the program's own ops run as built.
 
     model_variables     trainable variables and the moving statistics UPDATE_OPS moves
-    optimizer_updates   the optimizer's update op of each variable: its rule (Adam, momentum, SGD),
-                        its hyper-parameters as graph tensors, its slots
+    optimizer_updates   the optimizer's update op of each variable: its rule (any tf.compat.v1.train
+                        optimizer's kernel), its inputs (hyper-parameters, the gradient it receives),
+                        its slots
     moving_updates      every `assign_moving_average`-shaped update of a variable: v -= (v - x)(1 - d),
                         with the statistic x it moves toward, 1 - d, and the tower it belongs to
     dropouts            each `tf.nn.dropout`: its uniform noise (feed it to impose a mask), rate,
@@ -19,7 +20,7 @@ replace any feedable tensor), so the program's own ops run as built.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,24 +29,29 @@ tf1 = tf.compat.v1
 
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 PASS_THROUGH = ("Identity", "ReadVariableOp", "Switch", "Enter", "RefIdentity", "RefSwitch", "RefEnter")
-APPLY = {  # op type (resource or ref) -> (rule, input names in order)
-    "ApplyAdam": ("adam", ("var", "m", "v", "beta1_power", "beta2_power", "lr", "beta1", "beta2",
-                           "epsilon", "grad")),
-    "ApplyMomentum": ("momentum", ("var", "accum", "lr", "grad", "momentum")),
-    "ApplyGradientDescent": ("sgd", ("var", "alpha", "delta")),
-}
 
 
 @dataclasses.dataclass
 class OptimizerUpdate:
-    """One variable's update op: rule 'adam', 'momentum' or 'sgd'; `inputs` the op's inputs by name
-    (tensors); `slots` the slot variables by the rule's names (m, v; accum); `nesterov`."""
+    """One variable's update op: its rule (compare.optimizers.TF1_OPS; "" for an update the harness
+    does not know), `inputs` the op's inputs by their names in its OpDef (tensors), `slots` the slot
+    variables by those names (m, v; accum; ms, mom; ...), `nesterov`."""
     rule: str
     op: Any
     variable: Any
     inputs: dict[str, Any]
     slots: dict[str, Any]
     nesterov: bool = False
+
+    @property
+    def grad(self) -> Any:
+        """The gradient the update receives (after whatever the program does between averaging and
+        applying: clipping, scaling)."""
+        return self.inputs.get("grad", self.inputs.get("delta"))
+
+    @property
+    def rate(self) -> Any:
+        return self.inputs.get("lr", self.inputs.get("alpha"))
 
 
 @dataclasses.dataclass
@@ -88,15 +94,22 @@ def variable_of(tensor: Any, by_name: dict[str, Any]) -> Any:
 
 def ancestors(tensors: Iterable[Any]) -> set[Any]:
     """Every op that `tensors` depend on, through data and control inputs (If/While count as one op)."""
-    stack = [t.op if hasattr(t, "op") else t for t in tensors]
+    return _closure([t.op if hasattr(t, "op") else t for t in tensors],
+                    lambda op: [*(i.op for i in op.inputs), *op.control_inputs])
+
+
+def descendants(ops: Iterable[Any]) -> set[Any]:
+    """Every op that consumes the outputs of `ops`, transitively through data inputs (`ops` included)."""
+    return _closure(list(ops), lambda op: [c for t in op.outputs for c in t.consumers()])
+
+
+def _closure(stack: list[Any], neighbours: Callable[[Any], list[Any]]) -> set[Any]:
     seen = set()
     while stack:
         op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(i.op for i in op.inputs)
-        stack.extend(op.control_inputs)
+        if op not in seen:
+            seen.add(op)
+            stack.extend(neighbours(op))
     return seen
 
 
@@ -112,30 +125,38 @@ class Towers:
 
 
 def optimizer_updates(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]]) -> dict[str, OptimizerUpdate]:
-    """{variable name: OptimizerUpdate} for every variable of `grads_and_vars`.  Raises ValueError
-    naming a variable whose update is not one of the rules the harness knows (APPLY)."""
+    """{variable name: OptimizerUpdate} for every variable of `grads_and_vars`: its `tf.compat.v1.train`
+    optimizer's update op (any of compare.optimizers.TF1_OPS), or, for a variable no such op updates,
+    an update of rule "" (its op the first op that assigns to it; no slots)."""
+    from compare.optimizers import SLOTS, TF1_OPS
     by_name = variables_by_name(graph)
     wanted = {v.op.name for _, v in grads_and_vars}
     found: dict[str, OptimizerUpdate] = {}
     for op in graph.get_operations():
         kind = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
-        if kind not in APPLY:
+        if kind not in TF1_OPS:
             continue
-        rule, names = APPLY[kind]
-        inputs = dict(zip(names, op.inputs))
+        rule = TF1_OPS[kind]
+        inputs = dict(zip([arg.name for arg in op.op_def.input_arg], op.inputs))
         variable = variable_of(inputs["var"], by_name)
         if variable is None or variable.op.name not in wanted:
             continue
-        slot_names = {"adam": ("m", "v"), "momentum": ("accum",), "sgd": ()}[rule]
-        slots = {s: variable_of(inputs[s], by_name) for s in slot_names}
-        found[variable.op.name] = OptimizerUpdate(rule, op, variable, inputs, slots,
-                                                  nesterov=bool(op.node_def.attr["use_nesterov"].b)
-                                                  if "use_nesterov" in op.node_def.attr else False)
-    missing = sorted(wanted - set(found))
-    if missing:
-        raise ValueError(f"no Adam, momentum or gradient-descent update op found for {len(missing)} "
-                         f"variable(s) of grads_and_vars: {', '.join(missing[:5])}")
+        slots = {s: variable_of(inputs[s], by_name) for s in SLOTS["tf1"][rule]}
+        nesterov = bool(op.node_def.attr["use_nesterov"].b) if "use_nesterov" in op.node_def.attr else False
+        found[variable.op.name] = OptimizerUpdate(rule, op, variable, inputs, slots, nesterov)
+    for _, variable in grads_and_vars:
+        if variable.op.name not in found:
+            found[variable.op.name] = OptimizerUpdate("", assigning_op(graph, variable, by_name), variable, {}, {})
     return found
+
+
+def assigning_op(graph: Any, variable: Any, by_name: dict[str, Any]) -> Any:
+    """The first op that writes `variable` (an Assign*, or an update kernel the harness does not know)."""
+    for op in graph.get_operations():
+        if op.type.startswith(("Assign", "ResourceApply", "Apply", "ResourceSparse", "Sparse")) and op.inputs \
+                and variable_of(op.inputs[0], by_name) is variable:
+            return op
+    return None
 
 
 def assign_sub_parts(op: Any, by_name: dict[str, Any]) -> Optional[tuple[Any, Any, Any]]:
