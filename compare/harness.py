@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from compare import sides as sides_module
 from compare import tolerances
 from compare.checks import basics, registry
-from compare.checks.registry import Context, run_check
+from compare.checks.registry import Context, origin, run_check
 from compare.interface import GROUPS, AdapterError, DataFiles, Pair, validate
 from compare.programs import Programs
 from compare.report import Result
@@ -57,15 +57,33 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
         groups = [g for g in (pairing.groups or GROUPS) if g in settings.only]
         if not groups:
             continue
-        with basics.shuffle_off():
-            sides = sides_module.build(pair, pairing, settings.towers, files, tmp_dir, settings.seed,
-                                       checkpoint=settings.checkpoint, start_path=start_path, log=log,
-                                       modern=modern_by_argv.get(pairing.modern_argv))
+        try:
+            with basics.shuffle_off():
+                sides = sides_module.build(pair, pairing, settings.towers, files, tmp_dir, settings.seed,
+                                           checkpoint=settings.checkpoint, start_path=start_path, log=log,
+                                           modern=modern_by_argv.get(pairing.modern_argv))
+            sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
+        except (AdapterError, HarnessError):
+            close(built)
+            raise
+        except Exception as error:  # an adapter or program that fails to build: one line, nothing judged
+            close(built)
+            raise HarnessError(f"building {pair.name}{' ' + pairing.label if pairing.label else ''} failed: "
+                               f"{type(error).__name__}: {first_line(error)} (raised in {origin(error)})") from error
         modern_by_argv[pairing.modern_argv] = sides.modern
         start_path = sides.start_path
-        sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
         built.append((sides, groups))
     return built
+
+
+def close(built: list[tuple[Sides, list[str]]]) -> None:
+    for sides, _ in built:
+        sides.close()
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def write_files(pair: Pair, settings: Settings, tmp_dir: str) -> dict[str, str]:

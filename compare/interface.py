@@ -48,8 +48,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime
 import numpy as np
 
 # The check groups, in the order the harness runs them (compare.harness.run_groups).
-GROUPS = ("basics", "shuffle", "flags", "forward", "training", "splits", "steps", "averages", "free", "trained",
-          "evaluation", "tf1")
+GROUPS = ("basics", "structure", "shuffle", "flags", "forward", "training", "splits", "steps", "averages", "free",
+          "trained", "evaluation", "tf1")
 
 # The capabilities an adapter may declare, and what each makes the harness check.
 CAPABILITIES = {
@@ -242,6 +242,8 @@ class ModernBuild:
     evaluate: a TF1 checkpoint path -> the program's evaluation metrics (capability "evaluation").
     load_tf1, save_tf1: the program's checkpoint converter (capability "checkpoint_converter"):
       load a TF1 checkpoint into `model`; write `model` as a TF1 checkpoint at a path, returning it.
+    layer_scopes: optional; Keras layer name -> the TF1 name scope that computes it, for the layers the
+      harness cannot pair by their variables or names when it localises a FAIL (compare.diagnosis).
     """
     model: Any
     optimizer: Any
@@ -255,6 +257,7 @@ class ModernBuild:
     evaluate: Optional[Callable[[str], Mapping[str, float]]] = None
     load_tf1: Optional[Callable[[str], Any]] = None
     save_tf1: Optional[Callable[[str], str]] = None
+    layer_scopes: Optional[Mapping[str, str]] = None
 
 
 @runtime_checkable

@@ -50,15 +50,19 @@ class LegacyRun:
         with self.graph.as_default():
             tf1.set_random_seed(seed)
             lg = pair.legacy.build(flags, towers, files)
-            if not isinstance(lg, LegacyGraph):
-                raise HarnessError(f"{type(pair.legacy).__name__}.build returned {type(lg).__name__}, "
-                                   f"not a compare.interface.LegacyGraph")
-            self.lg = lg
+        if not isinstance(lg, LegacyGraph):
+            raise HarnessError(f"{type(pair.legacy).__name__}.build returned {type(lg).__name__}, "
+                               f"not a compare.interface.LegacyGraph")
+        self.graph = lg.graph if lg.graph is not None else self.graph  # a program captured as it ran
+        self.lg = lg
+        with self.graph.as_default():
             check_graph(lg, towers)
             self.by_name = tf1_graph.variables_by_name(self.graph)
             self.trainable = [v.op.name for _, v in lg.grads_and_vars]
             self.updates = tf1_graph.optimizer_updates(self.graph, lg.grads_and_vars)
-            self.applied = [g for g, _ in lg.grads_and_vars]
+            # The gradients each update receives (after any clipping between averaging and applying).
+            self.applied = [self.updates[n].grad if self.updates[n].grad is not None else g
+                            for n, (g, _) in zip(self.trainable, lg.grads_and_vars)]
             self.moving = tf1_graph.moving_updates(self.graph, lg.tower_losses)
             self.model = [v.op.name for v in tf1_graph.model_variables(self.graph, lg.grads_and_vars, self.moving)]
             self.dropouts = tf1_graph.dropouts(self.graph, lg.tower_losses)
@@ -75,12 +79,14 @@ class LegacyRun:
         self.sess.run(self.init)
         for init in (lg.pipeline.initializer if lg.pipeline else ()):
             self.sess.run(init)
-        first = next(iter(self.updates.values()))
-        self.rule = optimizers.legacy_rule(first, self.sess)
-        kinds = {u.rule for u in self.updates.values()}
+        # The optimizer's slots as the program's initializers set them (TF1's RMSProp starts its mean
+        # square at 1, Adagrad its accumulator at 0.1): the common start's.
+        self.initial_slots = self.sess.run({n: dict(u.slots) for n, u in self.updates.items()})
+        kinds = sorted({u.rule for u in self.updates.values()})
         if len(kinds) > 1:
             raise HarnessError(f"the legacy graph updates its variables with several rules "
-                               f"({', '.join(sorted(kinds))})")
+                               f"({', '.join(k or 'one the harness does not know' for k in kinds)})")
+        self.rule = optimizers.legacy_rule(next(iter(self.updates.values())), self.sess)
         self._decays: Optional[dict[str, float]] = None
         self._lr_at: Optional[tf1_graph.StepFunction] = None
 
@@ -205,6 +211,9 @@ class LegacyRun:
             first: dict[str, tf1_graph.MovingUpdate] = {}
             for u in self.moving:
                 first.setdefault(u.variable.op.name, u)
+            if not first:
+                self._decays = {}
+                return self._decays
             feed = self.feed(self.pair.data.batch(self.pair.rows_per_tower * self.towers, 0), True).feed_dict
             values = self.sess.run({n: u.one_minus_decay for n, u in first.items()}, feed)
             self._decays = {n: 1 - float(v) for n, v in values.items()}

@@ -15,7 +15,8 @@ the legacy towers get the same masks for the same rows through their dropout noi
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Optional, Sequence
 
 import keras
 import numpy as np
@@ -47,7 +48,8 @@ class ModernRun:
         self.rule = optimizers.modern_rule(self.optimizer)
         by_id = {id(v): n for n, v in self.names.items()}
         self.trainable = [by_id.get(id(v)) for v in self.model.trainable_variables]
-        self.slots = {n: keras_adapter.optimizer_slots(self.optimizer, self.names[n]) for n in legacy.trainable}
+        self.slots = {n: optimizer_slots(self.optimizer, self.names[n], self.model.trainable_variables)
+                      for n in legacy.trainable}
         layers = keras_adapter.all_layers(self.model)
         self.dropouts = [layer for layer in layers if isinstance(layer, keras.layers.Dropout)]
         self.batch_norms = [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
@@ -57,6 +59,37 @@ class ModernRun:
         self.mask_shapes = [tuple(d.noise.shape[1:]) for d in legacy.dropouts if d.tower == 0]
         self._draw: Any = None
         self.state_lr = 1.0
+        # The port's optimizer state as it built it, before the harness sets anything (the
+        # configuration check compares it with the legacy program's initial slots).
+        self.fresh_slots = self.slot_values(legacy.trainable)
+        # modern slot -> legacy slot, for an optimizer whose rule the harness does not know: found by
+        # value when the steps check first compares the two (compare.checks.steps), else None.
+        self.pairing: Optional[dict[str, str]] = None
+        self.taps, self.tapped, self.tap_names = self.install_taps()
+
+    def install_taps(self) -> tuple[list[Any], Any, list[Optional[str]]]:
+        """Keep the gradient each variable's update receives: the optimizer's `update_step` (Keras
+        calls it once per variable and replica copy, with the all-reduced gradient, after any clipping
+        it does itself) wrapped, before any step is traced, to copy it into a variable of its own.
+        Returns (the copies in the optimizer's order, a count of the copies made, their TF1 names)."""
+        optimizer = self.optimizer
+        variables = list(optimizer._trainable_variables)  # private: the optimizer's own order
+        by_id = {id(v): n for n, v in self.names.items()}
+        with tf.init_scope():
+            taps = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
+            tapped = tf.Variable(0, dtype=tf.int64, trainable=False)
+        own = optimizer.__dict__.get("update_step")  # set on the instance before the harness came, if any
+
+        def update_step(gradient: Any, variable: Any, learning_rate: Any) -> Any:
+            index = optimizer._get_variable_index(variable)
+            taps[index].assign(tf.cast(gradient, taps[index].dtype))
+            tapped.assign_add(1)
+            # The class's update_step looked up when called (a change to the class after this is seen).
+            rule = own if own is not None else functools.partial(type(optimizer).update_step, optimizer)
+            return rule(gradient, variable, learning_rate)
+
+        optimizer.update_step = update_step
+        return taps, tapped, [by_id.get(id(v)) for v in variables]
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         out = self.build.predict(x) if self.build.predict is not None else self.model(x, training=False)
@@ -69,7 +102,7 @@ class ModernRun:
         self.state_lr = 1.0 if lr is None else lr
         pairs = [(self.names[n], state.weights[n]) for n in state.weights]
         for n, slots in state.slots.items():
-            for key, value in optimizers.modern_slots_from_legacy(self.rule, slots, self.state_lr).items():
+            for key, value in self.modern_slots(slots).items():
                 pairs.append((self.slots[n][key], value))
         pairs.append((self.optimizer.iterations, np.int64(state.step)))
         if state.shadows and self.shadows:
@@ -89,16 +122,47 @@ class ModernRun:
     def iterations(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
+    def state_snapshot(self) -> list[tuple[Any, list[np.ndarray]]]:
+        """Every variable of the model and optimizer and every dropout seed, every replica's copy: what
+        a call of the model outside a step may move (batch-norm statistics, seeds), to put back."""
+        variables = list(self.model.variables) + list(self.optimizer.variables) + list(self.seeds)
+        return [(v, replica_copies(v)) for v in variables]
+
+    def restore_snapshot(self, snapshot: list[tuple[Any, list[np.ndarray]]]) -> None:
+        for variable, copies in snapshot:
+            inner = variable.value if isinstance(variable, keras.Variable) else variable
+            values = getattr(inner, "values", None)
+            for target, value in zip(values or [inner], copies):
+                target.assign(value)
+
     def state(self) -> State:
         names = [n for n in self.trainable if n is not None]
         slots = {n: self.legacy_slots(n) for n in names}
         return State(self.weights(self.names), slots, self.iterations(), self.shadow_values() or None)
 
     def legacy_slots(self, n: str) -> Arrays:
-        values = {k: np.asarray(v.numpy()) for k, v in self.slots[n].items()}
-        if self.rule.rule == "momentum":
-            return {"accum": values["momentum"] / -np.float32(self.state_lr)}
-        return values
+        """A variable's slots in TF1's names and parameterisation ({} where they cannot be converted)."""
+        return self.legacy_slots_of({k: np.asarray(v.numpy()) for k, v in self.slots[n].items()})
+
+    def legacy_slots_of(self, values: Arrays) -> Arrays:
+        """The port's slots of a variable (its own names) in TF1's names and parameterisation."""
+        if self.rule.known:
+            try:
+                return optimizers.legacy_slots_from_modern(self.rule, values, self.state_lr)
+            except KeyError:
+                return {}
+        return {legacy: values[modern] for modern, legacy in (self.pairing or {}).items()}
+
+    def modern_slots(self, legacy_slots: Arrays) -> Arrays:
+        """The port's slots that continue a TF1 state: converted by the port's rule, or by the pairing
+        found for a rule the harness does not know; {} where neither applies (the slots stay)."""
+        if self.rule.known:
+            try:
+                return optimizers.modern_slots_from_legacy(self.rule, legacy_slots, self.state_lr)
+            except KeyError:  # another rule's slots: the configuration check names the difference
+                return {}
+        return {modern: legacy_slots[legacy] for modern, legacy in (self.pairing or {}).items()
+                if legacy in legacy_slots}
 
     # -- one step ------------------------------------------------------------------------------
     def distribute(self, batch: Batch) -> tuple[Any, list[ReplicaBatch]]:
@@ -145,14 +209,41 @@ class ModernRun:
         lr = float(np.asarray(self.optimizer.learning_rate))  # the schedule at iterations, before the update
         if before is None:
             before = self.state()
+        self.tapped.assign(0)
         result = self.build.train_step(element)
-        if result.gradients is not None:
+        if int(self.tapped.numpy()):
+            grads = {n: np.asarray(t.numpy()) for n, t in zip(self.tap_names, self.taps) if n is not None}
+            source = "as the optimizer's update received them"
+        elif result.gradients is not None:
             grads = {n: np.asarray(g) for n, g in zip(self.trainable, result.gradients) if n is not None}
             source = "returned by the train step"
-        else:
+        elif self.rule.rule in ("adam", "momentum", "sgd"):
             grads = self.gradients_from_update(before, lr)
             source = f"read back from the update ({self.rule.describe()})"
+        else:
+            raise HarnessError(f"the port's step neither returns its gradients nor calls its optimizer's update_step "
+                               f"after the harness wrapped it ({self.rule.describe()}): give StepResult.gradients")
         return StepOutcome(float(result.loss), grads, lr=lr, masks=masks, replicas=replicas, source=source)
+
+    def apply(self, gradients: Arrays) -> None:
+        """The port's optimizer applies `gradients` (by TF1 name) once, as a step of the port applies
+        them: from inside the replicas, replica 0 holding the gradients and the others zeros, so that
+        the optimizer's own all-reduce (a sum) hands every copy of the weights exactly `gradients`."""
+        names = list(gradients)
+
+        def values(context: Any) -> list[Any]:
+            first = context.replica_id_in_sync_group == 0
+            return [tf.constant(gradients[n]) if first else tf.zeros(np.shape(gradients[n]), tf.float32)
+                    for n in names]
+
+        variables = [self.names[n] for n in names]
+
+        def replica(grads: Any) -> None:
+            self.optimizer.apply_gradients(zip(grads, variables))
+
+        # Eagerly: tracing it (every update under the strategy) costs more than the few calls a run makes.
+        with self.strategy.scope():
+            self.strategy.run(replica, args=(self.strategy.experimental_distribute_values_from_function(values),))
 
     def gradients_from_update(self, before: State, lr: float) -> Arrays:
         """The gradients the step just applied, read back from the weights and slots it changed."""
@@ -165,11 +256,37 @@ class ModernRun:
         return dict(zip(names, common.parallel_map(one, names)))
 
     def with_w(self, state: State, n: str) -> Arrays:
-        slots = optimizers.modern_slots_from_legacy(self.rule, state.slots[n], self.state_lr)
-        return dict(slots, w=state.weights[n])
+        return dict(self.modern_slots(state.slots[n]), w=state.weights[n])
 
     def close(self) -> None:
         """Nothing to release: the model lives as long as the process."""
+
+
+def optimizer_slots(optimizer: Any, variable: Any, variables: Sequence[Any]) -> dict[str, Any]:
+    """{slot name: variable} for one model variable of `variables`, for any Keras 3 optimizer (a user's
+    own subclass included): every optimizer variable `add_variable_from_reference` made from it, by the
+    name it was given (Adam: 'momentum', 'velocity'; SGD with momentum: 'momentum'; RMSprop:
+    'velocity', 'momentum', 'average_gradient'; ...).
+
+    Keras 3 names such a variable `{the model variable's path, '/' as '_'}_{name}`
+    (BaseOptimizer.add_variable_from_reference); of the model variables whose path prefixes it, the
+    longest is its own (`dense_1_kernel_m` belongs to `dense_1/kernel`, not to `dense/1_kernel`).
+    """
+    prefixes = [v.path.replace("/", "_") + "_" for v in variables]
+    own = variable.path.replace("/", "_") + "_"
+    slots = {}
+    for slot in optimizer.variables:
+        name = slot.name
+        if name.startswith(own) and max((p for p in prefixes if name.startswith(p)), key=len, default=own) == own:
+            slots[name[len(own):]] = slot
+    return slots
+
+
+def replica_copies(variable: Any) -> list[np.ndarray]:
+    """Every replica's copy of a (Keras or tf) variable, as numpy."""
+    inner = variable.value if isinstance(variable, keras.Variable) else variable
+    values = getattr(inner, "values", None)
+    return [v.numpy() for v in values] if values else [inner.numpy()]
 
 
 def assign_everywhere(target: Any, value: Any) -> None:

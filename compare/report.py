@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -65,10 +65,16 @@ def tolerance_of(tolerance: Union[Tolerance, str]) -> Tolerance:
 
 @dataclasses.dataclass
 class TensorError:
+    """One compared tensor's errors; `tolerance`: its own relative-L2 tolerance, where it has one
+    (compare.tolerances.Tolerances.tensors), else the check's."""
     name: str
     max_abs: float
     max_rel: float
     rel_l2: float
+    tolerance: Optional[float] = None
+
+    def limit(self, check: float) -> float:
+        return check if self.tolerance is None else self.tolerance
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -114,6 +120,40 @@ def share_floors(tensors: Mapping[str, Any]) -> dict[str, float]:
 
 
 @dataclasses.dataclass
+class Part:
+    """One place a FAIL was localised over (a layer, a layer's gradients, a step's variable group):
+    its error against its own tolerance; `inherited`: the error it shows as the port computes it from
+    its own inputs (the isolated `error` is from the reference's inputs), where measured."""
+    name: str
+    error: float
+    tolerance: float
+    inherited: Optional[float] = None
+    note: str = ""
+
+    @property
+    def parts(self) -> bool:
+        """Whether the two sides part here (beyond the tolerance; a NaN or a shape mismatch is inf)."""
+        return not self.error <= self.tolerance
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """Where a FAIL first parts and why (compare.diagnosis, compare.causes): `where` and `cause` are
+    the report's lines under the FAIL, `parts` every place compared, in the order searched."""
+    where: str
+    cause: str = ""
+    parts: list[Part] = dataclasses.field(default_factory=list)
+    kind: str = ""      # what was localised: "layers", "gradients by layer", "steps"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Diagnosis":
+        return Diagnosis(d["where"], d.get("cause", ""), [Part(**p) for p in d.get("parts", ())], d.get("kind", ""))
+
+
+@dataclasses.dataclass
 class Result:
     """The outcome of one check.
 
@@ -129,12 +169,19 @@ class Result:
     errors: list
     note: str = ""
     extra: dict = dataclasses.field(default_factory=dict)
+    diagnosis: Optional[Diagnosis] = None
 
     @property
     def worst(self) -> Optional[TensorError]:
+        """The tensor furthest out of (or least within) its own tolerance."""
         if not self.errors:
             return None
-        return max(self.errors, key=lambda e: e.rel_l2)
+        check = self.tolerance.rel_l2
+
+        def out(e: TensorError) -> float:  # how far out of its tolerance (an exact one: by the error itself)
+            limit = e.limit(check)
+            return e.rel_l2 / limit if limit > 0 else e.rel_l2
+        return max(self.errors, key=out)
 
     def as_dict(self) -> dict[str, Any]:
         worst = self.worst
@@ -145,6 +192,7 @@ class Result:
             "worst": worst.as_dict() if worst else None, "note": self.note,
             "num_tensors": len(self.errors), "errors": [e.as_dict() for e in self.errors],
             "extra": self.extra,
+            "diagnosis": self.diagnosis.as_dict() if self.diagnosis else None,
         }
 
 
@@ -158,7 +206,7 @@ def judge(check: str, model: str, errors: Sequence[TensorError], tolerance: Unio
     be computed from measured values.
     """
     tolerance = tolerance_of(tolerance)
-    within = all(e.rel_l2 <= tolerance.rel_l2 for e in errors) if ok is None else bool(ok)
+    within = all(e.rel_l2 <= e.limit(tolerance.rel_l2) for e in errors) if ok is None else bool(ok)
     if not errors and ok is None:
         within = False  # a check that compared nothing proves nothing
     status = ("EXPECTED" if expected else "PASS") if within else "FAIL"
@@ -195,10 +243,14 @@ def format_table(results: Sequence[Result], seconds: Optional[float] = None) -> 
         else:
             name = w.name if len(w.name) <= 56 else "..." + w.name[-53:]
             lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {name:<56} {w.max_abs:>9.2e} "
-                         f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {tol:>9.2e}")
+                         f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {w.limit(tol):>9.2e}")
         if r.note:
             lead = {"NOT APPLICABLE": "why: ", "ERROR": "error: "}.get(r.status, "note: ")
             lines.append(f"{'':<46} {'':<8} {'':<9} {lead}{r.note}")
+        if r.diagnosis is not None:
+            lines.append(f"{'':<46} {'':<8} {'':<9} where: {r.diagnosis.where}")
+            if r.diagnosis.cause:
+                lines.append(f"{'':<46} {'':<8} {'':<9} cause: {r.diagnosis.cause}")
     lines.append("")
     lines.append("Tolerances (relative L2 error, float32 eps = %.3g), as each check derived them:" % EPS32)
     seen: dict[tuple[str, str, float], Tolerance] = {}
@@ -227,7 +279,8 @@ def read_json(path: str) -> list[Result]:
         data = json.load(f)
     return [Result(d["check"], d["model"], d["status"],
                    Tolerance(d["tolerance"], d["tolerance_rel_l2"], d.get("tolerance_derivation", "")),
-                   [TensorError(**e) for e in d["errors"]], d["note"], d["extra"]) for d in data["results"]]
+                   [TensorError(**e) for e in d["errors"]], d["note"], d["extra"],
+                   Diagnosis.from_dict(d["diagnosis"]) if d.get("diagnosis") else None) for d in data["results"]]
 
 
 def write_plot(path: str, results: Sequence[Result]) -> None:
@@ -241,27 +294,62 @@ def write_plot(path: str, results: Sequence[Result]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in results if "losses" in r.extra]
-    grads = [r for r in results if r.extra.get("plot") == "gradients"]
-    fig, axes = plt.subplots(2, max(1, len(steps), len(grads)), figsize=(12, 8), squeeze=False)
+    panels: list[tuple[list[Result], Callable[[Any, Result], None]]] = [
+        ([r for r in results if "losses" in r.extra], plot_losses),
+        ([r for r in results if r.extra.get("plot") == "gradients"], plot_gradients),
+        ([r for r in results if r.diagnosis is not None and r.diagnosis.parts][:4], plot_parts)]
+    panels = [(rs, draw) for rs, draw in panels if rs]  # a row a kind, only the kinds this run has
+    rows = max(1, len(panels))
+    fig, axes = plt.subplots(rows, max([1] + [len(rs) for rs, _ in panels]), figsize=(12, 4 * rows),
+                             squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
-    for ax, r in zip(axes[0], steps):
-        ax.set_visible(True)
-        ax.plot(r.extra["losses"]["legacy"], "o-", label="legacy (TF1 towers)")
-        ax.plot(r.extra["losses"]["modern"], "x--", label="modern (TF2 replicas)")
-        ax.set_title(f"{r.model}: loss per step")
-        ax.set_xlabel("step")
-        ax.legend()
-    for ax, r in zip(axes[1], grads):
-        ax.set_visible(True)
-        errs = [max(e.rel_l2, 1e-12) for e in r.errors]
-        ax.semilogy(range(len(errs)), errs, ".")
-        ax.axhline(r.tolerance.rel_l2, color="r", lw=0.8, label="tolerance")
-        ax.set_title(f"{r.model}: gradient rel. L2 error per variable\n(input -> output; exact 0 drawn at 1e-12)",
-                     fontsize=10)
-        ax.set_xlabel("variable index")
-        ax.legend()
+    for row, (rs, draw) in zip(axes, panels):
+        for ax, r in zip(row, rs):
+            ax.set_visible(True)
+            draw(ax, r)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_losses(ax: Any, result: Result) -> None:
+    ax.plot(result.extra["losses"]["legacy"], "o-", label="legacy (TF1 towers)")
+    ax.plot(result.extra["losses"]["modern"], "x--", label="modern (TF2 replicas)")
+    ax.set_title(f"{result.model}: loss per step")
+    ax.set_xlabel("step")
+    ax.legend()
+
+
+def plot_gradients(ax: Any, result: Result) -> None:
+    errs = [max(e.rel_l2, 1e-12) for e in result.errors]
+    ax.semilogy(range(len(errs)), errs, ".")
+    ax.axhline(result.tolerance.rel_l2, color="r", lw=0.8, label="tolerance")
+    ax.set_title(f"{result.model}: gradient rel. L2 error per variable\n(input -> output; exact 0 drawn at 1e-12)",
+                 fontsize=10)
+    ax.set_xlabel("variable index")
+    ax.legend()
+
+
+def plot_parts(ax: Any, result: Result) -> None:
+    """One localised FAIL: each place's error against its own tolerance (log scale), in the order
+    searched, the first place beyond it in red; a shape mismatch or NaN drawn at the top."""
+    assert result.diagnosis is not None
+    parts = [p for p in result.diagnosis.parts if not math.isnan(p.tolerance)]
+    finite = [p.error for p in parts if math.isfinite(p.error) and p.error > 0] or [1.0]
+    top = max(finite + [p.tolerance for p in parts]) * 10
+    errs = [min(max(p.error, 1e-12), top) if not math.isnan(p.error) else top for p in parts]
+    x = range(len(parts))
+    ax.semilogy(x, errs, ".-", color="C0", label="error (isolated)")
+    inherited = [p.inherited for p in parts]
+    if any(v is not None for v in inherited):
+        ax.semilogy(x, [min(max(v, 1e-12), top) if v is not None and not math.isnan(v) else math.nan
+                        for v in inherited], ":", color="C2", label="as the port computes it")
+    ax.step(x, [max(p.tolerance, 1e-12) for p in parts], where="mid", color="r", lw=0.8, label="tolerance")
+    first = next((i for i, p in enumerate(parts) if p.parts), None)
+    if first is not None:
+        ax.semilogy([first], [errs[first]], "o", color="r", ms=8, label=f"parts first: {parts[first].name[:30]}")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([p.name.split(" (")[0][:24] for p in parts], rotation=90, fontsize=6)
+    ax.set_title(f"{result.model}: {result.check[:50]}\n{result.diagnosis.kind}, where it parts", fontsize=9)
+    ax.legend(fontsize=7)

@@ -146,8 +146,7 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
         randomise_moving_statistics(legacy, seed)
     sides.start_path = start_path or legacy.save(os.path.join(tmp_dir, f"{pair.name}_start.ckpt"))
     weights = legacy.sess.run({n: legacy.by_name[n] for n in legacy.model})
-    zero = {n: {k: np.zeros_like(weights[n]) for k in legacy.updates[n].slots} for n in legacy.trainable}
-    sides.start = State(weights, zero, 0, {n: weights[n] for n in legacy.shadows} or None)
+    sides.start = State(weights, legacy.initial_slots, 0, {n: weights[n] for n in legacy.shadows} or None)
     return sides
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -102,7 +102,46 @@ def derive(sides: Sides, steps: int) -> Tolerances:
            f"({len(legacy.fan_ins)} layers)")
     return Tolerances(model=Tolerance("model", model, how),
                       steps=Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
-                      spread=spread)
+                      spread=spread, tensors=row_order_tolerances(sides, batch, masks, grads_a, model))
+
+
+def reordered(sides: Sides, batch: Batch, masks: Masks) -> Optional[tuple[Batch, Masks]]:
+    """`batch` with each tower's rows in reverse order (and their dropout masks with them): the same
+    towers computing the same sums over their rows, in another order.  None where the towers' rows
+    overlap without being the same rows (nothing to reorder alike on every tower)."""
+    rows = [np.asarray(r, int) for r in sides.legacy.feed(batch, True).towers.rows]
+    sets = {tuple(sorted(r.tolist())) for r in rows}
+    if len(sets) > 1 and len({i for r in rows for i in r.tolist()}) != sum(len(r) for r in rows):
+        return None
+    order = np.arange(batch.rows)
+    for r in rows:
+        order[r] = r[::-1]
+    flipped = None if masks is None else [[m[::-1] for m in per_tower] for per_tower in masks]
+    return batch.take(order), flipped
+
+
+def row_order_tolerances(sides: Sides, batch: Batch, masks: Masks, grads: Mapping[str, np.ndarray],
+                         model: float) -> dict[str, Tolerance]:
+    """Per gradient, where it exceeds the model tolerance: MARGIN times how far the legacy program's
+    own gradient moves when each tower sums its rows in another order (`reordered`).  A gradient that
+    sums many cancelling terms (a bias) moves far more than the logits; a port that sums the same rows
+    in another order (one whole batch against averaged towers) moves it as much.
+
+    Not where the model couples a tower's rows in training (batch norm, which UPDATE_OPS shows): there
+    the rows' order reaches the gradients through the batch statistics, chaotically (a ResNet's
+    normalised gradients move by percents), and is no round-off measure; the model tolerance applies,
+    which a port meets by computing each replica's statistics over the same rows."""
+    from compare.checks.forward import grad_errors
+    again = reordered(sides, batch, masks)
+    if again is None or sides.legacy.moving:
+        return {}
+    moved = sides.legacy.gradients(*again).gradients
+    out = {}
+    for e in grad_errors(moved, grads):
+        if MARGIN * e.rel_l2 > model:
+            out[e.name] = Tolerance(f"gradient {e.name}", MARGIN * e.rel_l2,
+                                    f"{MARGIN} x its spread with each tower's rows in another order ({e.rel_l2:.2g})")
+    return out
 
 
 def fixed_masks(sides: Sides, batch: Batch) -> Masks:

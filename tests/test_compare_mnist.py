@@ -59,6 +59,13 @@ def test_l2_without_its_half_fails_the_gradients(tmp_path, monkeypatch):
     results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("training", "steps")))
     assert "deviation: gradients (read out of the train step)" in failed(results)
     assert results["deviation: lr schedule"].status == "PASS"
+    # Where and why: the first layer whose gradient parts (from the loss backwards), and the entry.
+    found = results["deviation: gradients (read out of the train step)"].diagnosis
+    assert found.where.startswith("first at layer layer1 (layer1/weights), from the loss backwards"), found.where
+    assert found.cause.startswith("likely cause [regulariser_scale]: the port's L2 coefficients 0.0001 against "
+                                  "5e-05"), found.cause
+    loss = results["deviation: forward (training, same dropout masks)"].diagnosis
+    assert loss.where.startswith("every one of 2 paired layers agrees") and "[regulariser_scale]" in loss.cause
 
 
 def test_legacy_l2_rate_doubled_fails_the_training_checks(tmp_path, monkeypatch):
@@ -75,6 +82,9 @@ def test_legacy_l2_rate_doubled_fails_the_training_checks(tmp_path, monkeypatch)
                 f"{label}: gradients (read out of the train step)"} <= set(failed(results))
         assert results[f"{label}: lr schedule"].status == "PASS"
         assert results[f"{label}: input pipelines"].status == "PASS"
+        cause = results[f"{label}: gradients (read out of the train step)"].diagnosis.cause
+        assert cause.startswith("likely cause [regulariser_scale]: the port's L2 coefficients 5e-05 against 0.0001"), \
+            cause
 
 
 def test_moving_average_without_warm_up_fails_the_moving_average_checks(tmp_path, monkeypatch):
@@ -86,6 +96,9 @@ def test_moving_average_without_warm_up_fails_the_moving_average_checks(tmp_path
     monkeypatch.setattr(modern_mnist, "make_moving_average", no_warm_up)
     results = run_harness(tmp_path)
     assert failed(results) == ["deviation: moving averages", "original: moving average (unordered)"]
+    for check in failed(results):
+        assert results[check].diagnosis.cause.startswith("likely cause [ema_warmup]: the port averages at the final "
+                                                         "decay from the first step"), results[check].diagnosis
 
 
 def test_moving_average_decay_of_the_wrong_flag_fails_past_the_warm_up(tmp_path, monkeypatch):
@@ -222,3 +235,49 @@ def test_a_flag_parsed_but_built_from_a_constant_fails_the_flags_check(tmp_path,
     assert failed(results) == ["deviation: flags through what they build", "original: flags through what they build"]
     worst = results["deviation: flags through what they build"].worst.name
     assert worst == "--moving_average_decay 0.9: changes nothing the modern program builds"
+
+
+def test_a_port_that_also_regularises_the_biases_fails_by_structure(tmp_path, monkeypatch):
+    """1e-4 of a bias that is ~1e-2 moves every gradient by less than its tolerance, from the start and
+    from a trained state alike; read off each side's structure, the extra regulariser is exact."""
+    import keras
+    real = modern_mnist.build_model
+
+    def with_bias_decay(rate=0.0001):
+        model = real(rate)
+        for layer in model.layers:
+            layer.bias.regularizer = keras.regularizers.L2(rate / 2)
+        return model
+
+    monkeypatch.setattr(modern_mnist, "build_model", with_bias_decay)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("structure", "training")))
+    assert failed(results) == ["deviation: structure (regularised, averaged, trained)",
+                               "original: structure (regularised, averaged, trained)"]
+    structure = results["deviation: structure (regularised, averaged, trained)"]
+    names = {e.name for e in structure.errors if e.rel_l2 > structure.tolerance.rel_l2}
+    assert names == {"layer1/biases regularised by the port only", "layer2/biases regularised by the port only"}
+
+
+def test_the_permutation_test_allows_the_towers_order_within_the_step_that_ends_the_epoch():
+    """Legacy towers that dequeue one pipeline in one session run take its batches in an order TF1
+    does not fix.  Where the epoch ends inside such a run (22000 rows, 3 towers of 100), a correct
+    shuffle's first epoch is still a permutation to within that run; a shuffle after repeat (rows of
+    the second epoch drawn long before the first has ended) is not."""
+    from compare.checks.shuffle import statistics
+    rows, run = 22000, 300
+    rng = np.random.RandomState(0)
+    index = {str(i).encode(): i for i in range(rows)}
+    correct = np.concatenate([rng.permutation(rows), rng.permutation(rows), rng.permutation(rows)])
+    swapped = correct.copy()  # the towers of the run holding the epoch's end, in another order
+    end = rows - rows % run
+    swapped[end:end + run] = np.roll(swapped[end:end + run], 200)
+    stream = [str(i).encode() for i in swapped]
+    assert not statistics(stream, index, rows).permutation  # row for row, it is not one
+    assert statistics(stream, index, rows, unordered=run).permutation
+    buffer, order = list(range(20000)), []  # tf.data's shuffle(20000) after repeat()
+    upstream = iter(np.concatenate([np.arange(rows)] * 3)[20000:])
+    while len(order) < 2 * rows:
+        i = rng.randint(len(buffer))
+        order.append(buffer[i])
+        buffer[i] = next(upstream)
+    assert not statistics([str(i).encode() for i in order], index, rows, unordered=run).permutation

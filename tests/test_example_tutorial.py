@@ -46,8 +46,9 @@ def test_the_tutorial_pair_passes_the_generic_checks(tmp_path):
     assert len(results["gradients (read out of the train step)"].errors) == 10
 
 
-def test_a_continuous_decay_where_the_tutorial_steps_fails_only_the_lr_checks(tmp_path, monkeypatch):
-    """Keras' ExponentialDecay defaults to staircase=False; the tutorial decays in steps."""
+def test_a_continuous_decay_where_the_tutorial_steps_fails_only_the_rate_checks(tmp_path, monkeypatch):
+    """Keras' ExponentialDecay defaults to staircase=False; the tutorial decays in steps.  The port's
+    optimizer, given the legacy gradient, then steps at another rate: side by side fails too."""
     def continuous(batch_size, num_examples_per_epoch=cifar10_input.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN):
         decay_steps = int(num_examples_per_epoch / batch_size * modern_train.NUM_EPOCHS_PER_DECAY)
         return keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(
@@ -55,7 +56,11 @@ def test_a_continuous_decay_where_the_tutorial_steps_fails_only_the_lr_checks(tm
 
     monkeypatch.setattr(modern_train, "make_optimizer", continuous)
     results = judged(tmp_path)
-    assert failed(results) == ["lr schedule", "lr schedule (trained state)"]
+    assert failed(results) == ["1 training step: optimizers side by side (trained state)",
+                               "2 training steps: optimizers side by side", "lr schedule",
+                               "lr schedule (trained state)"]
+    assert results["lr schedule"].diagnosis.cause.startswith("likely cause [staircase]: the port's schedule with "
+                                                             "staircase=True"), results["lr schedule"].diagnosis
 
 
 def test_local_response_normalisation_without_its_divide_by_nine_fails_the_forward_checks(tmp_path, monkeypatch):

@@ -47,6 +47,11 @@ def test_keras_nesterov_momentum_where_tf1_has_plain_momentum_fails_configuratio
     assert "modern momentum 0.9 (Nesterov)" in results["configuration (flags and what they build)"].worst.name
     assert results["2 training steps: optimizer on each side"].status == "PASS"
     assert results["3 free-running steps (chaos floor)"].status == "FAIL"
+    # Nesterov's look-ahead parts from the first step, and no entry of the catalogue explains it (it is
+    # a configuration the port chose, which the configuration check names).
+    free = results["3 free-running steps (chaos floor)"].diagnosis
+    assert free.where.startswith("first at free-running step 0"), free.where
+    assert free.cause.startswith("no known cause explains it"), free.cause
 
 
 def test_momentum_slots_convert_between_the_two_parameterisations():
@@ -125,3 +130,64 @@ def test_the_default_variable_map_pairs_by_creation_order_and_shape(tmp_path):
     with pytest.raises(HarnessError, match=r"cannot pair the variables by creation order, shapes differ: "
                                            r"softmax/weights \[8, 4\] vs"):
         harness.judge_pair(tiny_pair.make_pair(modern=Transposed()), SETTINGS, str(tmp_path), log=lambda *_: None)
+
+
+DECAYING = dataclasses.replace(tiny_pair.PAIR, harness_argv=lambda towers: ("--decay", "0.5"))
+
+
+def test_a_port_with_its_own_optimizer_is_judged_against_the_legacy_one(tmp_path, monkeypatch):
+    """TF1's momentum under a decaying rate, ported with an optimizer of its own (a keras.optimizers.Optimizer
+    subclass the harness has no rule for): judged side by side with the legacy optimizer, its slot
+    paired by value; no FAIL."""
+    monkeypatch.setattr(tiny_pair.Modern, "tf1_momentum", True)
+    results = judge(DECAYING, tmp_path)
+    assert [n for n, r in results.items() if r.status in ("FAIL", "ERROR")] == []
+    side_by_side = results["2 training steps: optimizers side by side"]
+    assert side_by_side.status == "PASS" and "slots paired by value (accum = accum)" in side_by_side.note
+    assert "TF1Momentum (a rule the harness does not know)" in side_by_side.note
+
+
+def test_keras_sgd_momentum_under_a_decaying_rate_fails(tmp_path):
+    """Keras' SGD(momentum) folds each step's rate into its velocity; TF1's momentum does not: under a
+    rate that changes, the configuration says so and the trajectories part."""
+    results = judge(DECAYING, tmp_path)
+    config = results["configuration (flags and what they build)"]
+    assert config.status == "FAIL" and "folds the rate into its velocity" in config.worst.name
+    assert results["3 free-running steps (chaos floor)"].status == "FAIL"
+    # The port's own trajectory is TF1's rule with Keras' momentum parameterisation, not TF1's rule:
+    # the first step agrees (no velocity yet), the second parts.
+    free = results["3 free-running steps (chaos floor)"].diagnosis
+    assert free.where.startswith("first at free-running step 1"), free.where
+    assert free.cause.startswith("likely cause [momentum_parameterisation]: the port's own updates over 3 free steps "
+                                 "are the original's rule with Keras' SGD momentum rule"), free.cause
+    # Far along the schedule the rate is 0 in float32: Keras' velocity (-lr a) cannot hold TF1's
+    # accumulator there, so even one step from the same state parts.
+    assert results["2 training steps: optimizers side by side"].status == "FAIL"
+
+
+def test_a_staircase_schedule_where_the_original_decays_continuously_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(tiny_pair.Modern, "staircase", True)
+    monkeypatch.setattr(tiny_pair.Modern, "tf1_momentum", True)  # the optimizer right: the rate alone is wrong
+    results = judge(DECAYING, tmp_path)
+    lr = results["lr schedule"]
+    assert lr.status == "FAIL" and lr.diagnosis.where.startswith("the rates first part at global step 1"), lr.diagnosis
+    assert lr.diagnosis.cause.startswith("likely cause [staircase]: the port's schedule with staircase=False"), \
+        lr.diagnosis.cause
+    free = results["3 free-running steps (chaos floor)"]
+    assert free.status == "FAIL" and "likely cause [staircase]" in free.diagnosis.cause
+
+
+def test_a_check_that_raises_is_its_own_error_line_and_the_others_still_run(tmp_path, monkeypatch):
+    class Fragile(tiny_pair.Data):
+        def batch(self, rows, seed):
+            if rows == 1:  # the 'fewer rows than towers' batch
+                raise ValueError("no batch of one row here")
+            return super().batch(rows, seed)
+
+    results = judge(tiny_pair.make_pair(data=Fragile()), tmp_path)
+    error = results["split: fewer rows than towers"]
+    assert error.status == "ERROR" and "ValueError: no batch of one row here" in error.note
+    assert "Fragile.batch" in error.note or "batch (" in error.note  # the adapter's frame
+    assert results["split: short last batch"].status == "PASS"
+    assert results["3 free-running steps (chaos floor)"].status == "PASS"
+    assert len(results) > 20

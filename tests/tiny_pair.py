@@ -25,17 +25,20 @@ def parse_args(argv, tower_flag):
     p.add_argument(tower_flag, type=int, default=2, dest="towers")
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--decay", type=float, default=1.0, help="the rate times decay ** (step / 10); 1: constant")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------------
 # The TF1 program
 
-def build_graph(num_towers, learning_rate, momentum):
+def build_graph(num_towers, learning_rate, momentum, decay=1.0):
     x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
     y = tf1.placeholder(tf.int32, [None], name="y")
     current_batch_size = tf1.placeholder(tf.int32, name="current_batch_size")
     global_step = tf1.train.get_or_create_global_step()
+    if decay != 1.0:
+        learning_rate = tf1.train.exponential_decay(learning_rate, global_step, 10, decay)
     opt = tf1.train.MomentumOptimizer(learning_rate, momentum)
     tower_grads, losses, logits_all = [], [], []
     devices = legacy_towers.tower_devices(num_towers)
@@ -69,7 +72,7 @@ class Legacy:
         return legacy_towers.session_config(towers)
 
     def build(self, flags, towers, files):
-        g = build_graph(towers, flags.learning_rate, flags.momentum)
+        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay)
 
         def feed(batch, training):
             c = batch.rows // towers
@@ -84,16 +87,41 @@ class Legacy:
 # ---------------------------------------------------------------------------------------------
 # The Keras port
 
+class TF1Momentum(keras.optimizers.Optimizer):
+    """tf.compat.v1.train.MomentumOptimizer's rule in Keras 3: a = momentum a + g; w -= lr a (Keras'
+    SGD keeps m = momentum m - lr g instead: the same only while the rate stays the same)."""
+
+    def __init__(self, learning_rate, momentum, name="tf1_momentum", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.momentum = momentum
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._accums = [self.add_variable_from_reference(v, "accum") for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        accum = self._accums[self._get_variable_index(variable)]
+        self.assign(accum, self.momentum * accum + gradient)
+        self.assign_sub(variable, tf.cast(learning_rate, variable.dtype) * accum)
+
+
 class Modern:
     replica_flag = "--num_gpus"
     nesterov = False
+    tf1_momentum = False  # the port's own optimizer with TF1's rule instead of Keras' SGD
+    staircase = False     # the port's decay in steps where TF1's exponential_decay is continuous
 
     def parse_args(self, argv):
         return parse_args(argv, self.replica_flag)
 
     def build(self, flags, strategy, files):
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES, name="softmax")])
-        optimizer = keras.optimizers.SGD(flags.learning_rate, momentum=flags.momentum, nesterov=self.nesterov)
+        rate = flags.learning_rate if flags.decay == 1.0 else keras.optimizers.schedules.ExponentialDecay(
+            flags.learning_rate, 10, flags.decay, staircase=self.staircase)
+        optimizer = (TF1Momentum(rate, flags.momentum) if self.tf1_momentum
+                     else keras.optimizers.SGD(rate, momentum=flags.momentum, nesterov=self.nesterov))
         optimizer.build(model.trainable_variables)
         variables = model.trainable_variables
 

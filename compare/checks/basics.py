@@ -10,8 +10,11 @@ import numpy as np
 import tensorflow as tf
 
 from compare import tf1_graph
+from compare import optimizers
 from compare.report import EPS32, judge, not_applicable, tensor_error
 from compare.report import Result, TensorError
+from compare.interface import LegacyPipeline
+from compare.legacy_run import LegacyRun, harness_config
 from compare.sides import Sides
 from compare.sides import row_key
 
@@ -33,7 +36,7 @@ def check_config(sides: Sides) -> Result:
     pair = sides.pair
     towers_l = tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag)
     towers_m = tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
-    skip = set(pair.own_flags) | towers_l | towers_m
+    skip = set(pair.own_flags) | set(pair.loop_flags) | towers_l | towers_m
     differ, compared = [], set()
     if not towers_l or not towers_m:
         differ.append(f"no parsed setting follows "
@@ -50,8 +53,10 @@ def check_config(sides: Sides) -> Result:
     # A setting the legacy graph computes in float32 (a dropout rate 1 - keep_prob, a decay 1 - (1 - d))
     # may lie one rounding from the same setting given in Python: 2 eps32 relative.
     ok = not differ and all(e.max_rel <= 2 * EPS32 for e in errors)
+    loop = sorted(set(pair.loop_flags))
     note = (f"{len(compared)} shared flags agree at their defaults and at {len(pair.flag_values)} non-default "
-            f"command lines; built: {'; '.join(notes)}") if not differ else "differ: " + "; ".join(differ[:6])
+            f"command lines" + (f" (read by the training loop only, not compared: {', '.join(loop)})" if loop else "")
+            + f"; built: {'; '.join(notes)}") if not differ else "differ: " + "; ".join(differ[:6])
     return judge(f"{sides.label}configuration (flags and what they build)", pair.name, errors, "exact", ok=ok,
                  note=note)
 
@@ -92,15 +97,60 @@ def built_settings(sides: Sides) -> tuple[list[TensorError], list[str]]:
                 errors.append(tensor_error(f"{scope} epsilon", np.float32(layer.epsilon), np.float32(eps)))
         notes.append(f"{len(modern.batch_norms)} batch norms as the legacy graph's "
                      f"(decay, and epsilon for {eps_found} found fused)")
-    lr_, mr = legacy.rule, modern.rule
-    if lr_.rule != mr.rule or lr_.nesterov != mr.nesterov:
-        errors.append(tensor_error(f"optimizer: legacy {lr_.describe()} vs modern {mr.describe()}",
-                                   np.float32(1), np.float32(0)))
-    else:
-        for key in {"adam": ("beta1", "beta2", "epsilon"), "momentum": ("momentum",), "sgd": ()}[lr_.rule]:
-            errors.append(tensor_error(f"optimizer {key}", np.float32(getattr(mr, key)), np.float32(getattr(lr_, key))))
-    notes.append(f"optimizer {lr_.describe()}")
-    return errors, notes
+    optimizer_errors, optimizer_note = optimizer_settings(sides)
+    return errors + optimizer_errors, notes + [optimizer_note]
+
+
+def optimizer_settings(sides: Sides) -> tuple[list[TensorError], str]:
+    """The two optimizers: the same rule with the same hyper-parameters (where the harness knows both),
+    the same slots at the start (the port's as it built them, against the legacy program's as its
+    initializers set them), and, for momentum, a parameterisation that agrees under the schedule."""
+    legacy, modern = sides.legacy.rule, sides.modern.rule
+    errors = []
+    if legacy.known and modern.known:
+        if not optimizers.same_rule(legacy, modern):
+            errors.append(tensor_error(f"optimizer: legacy {legacy.describe()} vs modern {modern.describe()}",
+                                       np.float32(1), np.float32(0)))
+        else:
+            errors += [tensor_error(f"optimizer {key}", np.float32(modern.hyper()[key]), np.float32(value))
+                       for key, value in legacy.hyper().items() if key in modern.hyper()]
+            errors += momentum_parameterisation(sides)
+    errors += initial_slots(sides)
+    return errors, f"optimizer {legacy.describe()}" + ("" if modern.known else f", modern {modern.describe()}")
+
+
+def initial_slots(sides: Sides) -> list[TensorError]:
+    """The port's optimizer slots as it built them against the legacy program's initial ones, in TF1's
+    names (converted by the port's rule, or paired by value for a rule the harness does not know)."""
+    legacy, modern = sides.legacy, sides.modern
+    errors = []
+    for n in legacy.trainable:
+        want, have = legacy.initial_slots[n], modern.fresh_slots[n]
+        pairing = {} if modern.rule.known else optimizers.pair_slots(want, have, np.array_equal) or {}
+        converted = modern.legacy_slots_of(have) if modern.rule.known else {
+            legacy_key: have[m] for m, legacy_key in pairing.items()}
+        if sorted(converted) != sorted(want):
+            errors.append(tensor_error(f"{n} optimizer slots at the start: legacy {sorted(want)} vs modern "
+                                       f"{sorted(have)}", np.float32(1), np.float32(0)))
+            continue
+        errors += [tensor_error(f"{n} {key} at the start", converted[key], want[key]) for key in sorted(want)]
+    return errors
+
+
+def momentum_parameterisation(sides: Sides) -> list[TensorError]:
+    """TF1's momentum (a = mom a + g; w -= lr a) against Keras' (m = mom m - lr g; w += m): the same
+    update only while the rate stays the same (Keras folds each step's rate into its velocity, TF1
+    applies today's rate to all of it)."""
+    legacy, modern = sides.legacy.rule, sides.modern.rule
+    if legacy.rule != "momentum" or legacy.side == modern.side:
+        return []
+    from compare.checks.steps import change_points
+    points = change_points(sides.legacy)
+    if points == []:
+        return []
+    when = "at every step" if points is None else f"after steps {points[:4]}"
+    return [tensor_error(f"momentum: Keras' SGD folds the rate into its velocity, TF1's momentum does not, and the "
+                         f"legacy rate changes {when}", np.float32(1), np.float32(0))]
 
 
 def check_variables(sides: Sides) -> Result:
@@ -146,11 +196,17 @@ def check_checkpoint_round_trip(sides: Sides) -> Result:
 
 @contextlib.contextmanager
 def shuffle_off() -> Iterator[None]:
-    """Every `tf.data.Dataset.shuffle` the identity (the file order), for the duration."""
+    """The file order, for the duration: every `tf.data.Dataset.shuffle` the identity, and the queue
+    pipelines of TF1 (`tf.compat.v1.train`) unshuffled and read by one thread: `shuffle_batch` is
+    `batch`, the input producers do not shuffle, the batching ops run one thread."""
     classes = {tf.data.Dataset, tf1.data.Dataset}
     saved = {c: c.__dict__.get("shuffle") for c in classes}
     for c in classes:
         c.shuffle = lambda self, *args, **kwargs: self
+    queues = tf1.train
+    originals = {name: getattr(queues, name) for name in QUEUE_FUNCTIONS}
+    for name, replace in QUEUE_FUNCTIONS.items():
+        setattr(queues, name, replace(originals))
     try:
         yield
     finally:
@@ -159,6 +215,74 @@ def shuffle_off() -> Iterator[None]:
                 del c.shuffle
             else:
                 c.shuffle = method
+        for name, original in originals.items():
+            setattr(queues, name, original)
+
+
+def unshuffled_batch(originals: dict[str, Any]) -> Callable[..., Any]:
+    def shuffle_batch(tensors: Any, batch_size: Any, capacity: Any = 32, min_after_dequeue: Any = 0,
+                      num_threads: int = 1, seed: Any = None, enqueue_many: bool = False, shapes: Any = None,
+                      allow_smaller_final_batch: bool = False, shared_name: Any = None, name: Any = None) -> Any:
+        return originals["batch"](tensors, batch_size, num_threads=1, capacity=capacity, enqueue_many=enqueue_many,
+                                  shapes=shapes, allow_smaller_final_batch=allow_smaller_final_batch,
+                                  shared_name=shared_name, name=name)
+    return shuffle_batch
+
+
+def one_thread(function: str) -> Callable[[dict[str, Any]], Callable[..., Any]]:
+    def make(originals: dict[str, Any]) -> Callable[..., Any]:
+        def batch(*args: Any, **kwargs: Any) -> Any:
+            kwargs["num_threads"] = 1
+            return originals[function](*args, **kwargs)
+        return batch
+    return make
+
+
+def no_shuffle(function: str) -> Callable[[dict[str, Any]], Callable[..., Any]]:
+    def make(originals: dict[str, Any]) -> Callable[..., Any]:
+        def producer(*args: Any, **kwargs: Any) -> Any:
+            kwargs["shuffle"] = False
+            return originals[function](*args, **kwargs)
+        return producer
+    return make
+
+
+QUEUE_FUNCTIONS: dict[str, Callable[[dict[str, Any]], Callable[..., Any]]] = {
+    "shuffle_batch": unshuffled_batch, "batch": one_thread("batch"),
+    "string_input_producer": no_shuffle("string_input_producer"),
+    "slice_input_producer": no_shuffle("slice_input_producer"), "input_producer": no_shuffle("input_producer"),
+}
+
+
+@contextlib.contextmanager
+def legacy_session(legacy: LegacyRun, pipeline: LegacyPipeline) -> Iterator[Any]:
+    """The legacy session to read a pipeline in: its own, or, for a queue-runner pipeline, one of its
+    own on the same graph with the queue runners started (and stopped, their queues closed, after)."""
+    if not pipeline.queue_runners:
+        yield legacy.sess
+        return
+    with legacy.graph.as_default():
+        init = tf1.local_variables_initializer()
+    sess = tf1.Session(graph=legacy.graph, config=harness_config(legacy.pair.legacy.session_config(
+        legacy.flags, legacy.towers)))
+    coord = tf1.train.Coordinator()
+    try:
+        sess.run(init)
+        with legacy.graph.as_default():
+            threads = tf1.train.start_queue_runners(sess=sess, coord=coord)
+        yield sess
+    finally:
+        coord.request_stop()
+        with contextlib.suppress(Exception):
+            coord.join(threads, stop_grace_period_secs=10)
+        sess.close()
+
+
+QUEUE_TIMEOUT_MS = 30000  # a read from a queue-runner pipeline that waits this long: the queue starved
+
+
+class PipelineStarved(Exception):
+    """A queue-runner pipeline gave no batch in time (the message names the queue's tensors)."""
 
 
 def legacy_batches(sess: Any, pairs: Sequence[Any], initializers: Sequence[Any], towers_each: int,
@@ -169,11 +293,16 @@ def legacy_batches(sess: Any, pairs: Sequence[Any], initializers: Sequence[Any],
         sess.run(init)
     out: list[Rows] = []
     seen = 0
+    options = tf1.RunOptions(timeout_in_ms=QUEUE_TIMEOUT_MS)
     while (steps is None or len(out) < steps) and (rows is None or seen < rows):
         try:
-            parts = sess.run(list(pairs))
+            parts = sess.run(list(pairs), options=options)
         except tf.errors.OutOfRangeError:
             return out
+        except tf.errors.DeadlineExceededError:
+            names = ", ".join(sorted({t.op.name for pair in pairs for t in pair}))
+            raise PipelineStarved(f"no batch from {names} in {QUEUE_TIMEOUT_MS / 1000:g} s: a queue starved (its "
+                                  f"queue runners read nothing more)") from None
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         out.append((x, y, np.full(len(x), float(towers_each))))
@@ -233,7 +362,8 @@ def check_pipelines(sides: Sides) -> Result:
         splits.append(("valid", lp.valid, lp.valid_initializer, build.valid_dataset))
     for split, pairs, inits, dataset in splits:
         steps = lp.steps if split == "train" else None
-        got_l = legacy_batches(sides.legacy.sess, pairs, inits, each if split == "train" else 1, steps)
+        with legacy_session(sides.legacy, lp) as sess:
+            got_l = legacy_batches(sess, pairs, inits, each if split == "train" else 1, steps)
         with shuffle_off():
             built = dataset()
         got_m = modern_batches(built, steps)
@@ -246,7 +376,8 @@ def check_pipelines(sides: Sides) -> Result:
     ok = not problems and bool(errors) and all(e.max_abs == 0 for e in errors)
     return judge(name, sides.pair.name, errors, "exact", ok=ok,
                  note="; ".join(problems) or ", ".join(f"{s}: {runs(v)}" for s, v in sizes.items())
-                 + "; shuffling off (the file order)")
+                 + "; shuffling off (the file order)" + ("; the legacy queue runners started and stopped by the harness"
+                                                        if lp.queue_runners else ""))
 
 
 def runs(sizes: Sequence[int]) -> str:

@@ -26,13 +26,13 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from compare import tf1_graph
+from compare import optimizers, tf1_graph
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
 from compare.legacy_run import LegacyRun
 from compare.modern_run import ModernRun
 from compare.report import TensorError, judge, not_applicable
 from compare.checks.basics import Rows
-from compare.interface import Batch
+from compare.interface import Batch, NotFed
 from compare.interface import optional
 from compare.report import Result
 from compare.sides import Sides
@@ -191,7 +191,7 @@ def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
     with shuffle_off():
         run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed)
     try:
-        batch = sides.batch(seed=1)
+        batch = one_tower_batch(sides, run, seed=1)
         feed = run.feed(batch, True).feed_dict
         out: Fingerprint = {Key("dropout_rate", run.dropout_index(d)): round(float(run.sess.run(d.rate, feed)), 7)
                             for d in run.dropouts if d.tower == 0}
@@ -201,8 +201,7 @@ def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
                 out[Key("bn_decay", u.variable.op.name)] = round(decays[u.variable.op.name], 7)
                 out[Key("bn_epsilon", u.variable.op.name)] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
         rule = run.rule
-        out[Key("optimizer")] = (rule.rule, rule.nesterov, round(rule.beta1, 7), round(rule.beta2, 7),
-                                 round(rule.epsilon, 12), round(rule.momentum, 7))
+        out[Key("optimizer")] = rule_settings(rule)
         out.update({Key("learning_rate", s): run.learning_rate_at(s) for s in PROBES})
         if run.shadows:
             name = sorted(run.shadows)[0]
@@ -228,12 +227,32 @@ def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
         out[Key("bn_decay", name)] = round(float(np.float32(layer.momentum)), 7)
         out[Key("bn_epsilon", name)] = float(np.float32(layer.epsilon))
     rule = run.rule
-    out[Key("optimizer")] = (rule.rule, rule.nesterov, round(float(np.float32(rule.beta1)), 7),
-                             round(float(np.float32(rule.beta2)), 7), round(rule.epsilon, 12),
-                             round(float(np.float32(rule.momentum)), 7))
+    out[Key("optimizer")] = rule_settings(rule) if rule.known else settings_of(run.optimizer)
     from compare.checks.steps import modern_rate_at
     out.update({Key("learning_rate", s): float(np.float32(modern_rate_at(run, s))) for s in PROBES})
     return out, run
+
+
+def rule_settings(rule: optimizers.Rule) -> tuple[Any, ...]:
+    """A known optimizer by its rule and every hyper-parameter the rule uses (in float32, as stored)."""
+    return (rule.rule, rule.nesterov, *sorted((k, float(f"{np.float32(v):.7g}")) for k, v in rule.hyper().items()))
+
+
+def settings_of(optimizer: Any) -> tuple[tuple[str, float], ...]:
+    """An optimizer the harness has no rule for, by its public numeric settings (its attributes)."""
+    return tuple(sorted((k, round(float(v), 12)) for k, v in vars(optimizer).items()
+                        if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)))
+
+
+def one_tower_batch(sides: Sides, run: LegacyRun, seed: int) -> Batch:
+    """Rows for a one-tower build: one tower's rows, or, for a program whose batch-size flag is the
+    whole step's (a tf.split of it over the towers), the step's rows."""
+    rows = sides.pair.rows_per_tower
+    try:
+        run.feed(sides.batch(rows=rows, seed=seed), True)
+    except NotFed:
+        rows *= sides.towers
+    return sides.batch(rows=rows, seed=seed)
 
 
 def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
@@ -245,6 +264,7 @@ def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
     batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one tower's (or replica's) rows
     if isinstance(run, LegacyRun):
+        batch = one_tower_batch(sides, run, seed=12)
         run.restore(state)
         outcome = run.step(batch, fixed(sides, run, batch))
         shadows = run.sess.run(dict(run.shadows)) if run.shadows else {}
@@ -295,6 +315,7 @@ class Side:
     def close(self) -> None:
         if self._run is not None and self.name == "legacy":
             self._run.close()
+            self._run = None
 
 
 def changed(base: Fingerprint, other: Fingerprint, noisy: set[Key]) -> list[Key]:
@@ -374,6 +395,7 @@ def check_flags(sides: Sides) -> Result:
     baseline = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
     again = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
     errors, notes, opened = [], [], list(baseline.values()) + list(again.values())
+    unfed: list[str] = []
     try:
         for flag in shared:
             argv, flags_l = value_for(flag, parse_l, base_l, given)
@@ -384,15 +406,22 @@ def check_flags(sides: Sides) -> Result:
                 continue
             trial = {"legacy": Side(sides, "legacy", flags_l), "modern": Side(sides, "modern", flags_m)}
             opened += list(trial.values())
-            found, seen_at = first_changes(baseline, again, trial)
+            try:
+                found, seen_at = first_changes(baseline, again, trial)
+            except NotFed as why:  # this value builds a program no batch of the harness's fits
+                unfed.append(f"{' '.join(argv)} ({why})")
+                continue
+            finally:
+                for s in trial.values():
+                    s.close()
             errors.append(judge_flag(argv, found, disagreements(trial, found, seen_at)))
             notes.append(f"{flag} ({seen_at.get('legacy', '-')}/{seen_at.get('modern', '-')})")
-            for s in trial.values():
-                s.close()
     finally:
         for s in opened:
             s.close()
     loop = ", ".join(f"{f} ({why})" for f, why in sorted(pair.loop_flags.items()))
     return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
                  note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
-                      + (f"; read by the training loop only, not judged here: {loop}" if loop else ""))
+                      + (f"; read by the training loop only, not judged here: {loop}" if loop else "")
+                      + (f"; not judged, no batch of the harness's fits what they build: {'; '.join(unfed)}"
+                         if unfed else ""))

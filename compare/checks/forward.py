@@ -1,13 +1,13 @@
 """Forward passes and gradients: inference, dropout, the training forward pass, gradients, free variables."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import NamedTuple, Optional
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from compare import common
+from compare import causes, common, diagnosis
 from compare import tf1_graph
 from compare.interface import Batch, TowerFeed
 from compare.report import EPS32, Tolerance, judge, not_applicable, share_floors, tensor_error
@@ -68,7 +68,27 @@ def gradient_errors(sides: Sides, legacy: Mapping[str, Any], modern: Mapping[str
     from compare.tolerances import MARGIN
     tol = sides.tol.model.rel_l2
     extra = {n: MARGIN * s / tol for n, s in sides.tol.spread.items() if s > 0}
-    return grad_errors(legacy, modern, free=free, extra=extra)
+    own = sides.tol.tensors
+    return [dataclasses.replace(e, tolerance=own[e.name].rel_l2) if e.name in own else e
+            for e in grad_errors(legacy, modern, free=free, extra=extra)]
+
+
+def gradient_judge(sides: Sides, legacy: Mapping[str, Any], free: Optional[Sequence[str]] = None) -> causes.Judge:
+    """Candidate modern gradients -> (every variable within its tolerance against `legacy`, the worst
+    error, its tolerance): how the catalogue's gradient counterfactuals are judged, as the check was."""
+    check = sides.tol.model.rel_l2
+
+    def judge_candidate(candidate: dict[str, np.ndarray]) -> tuple[bool, float, float]:
+        errors = gradient_errors(sides, legacy, candidate, free=free)
+        worst = max(errors, key=lambda e: e.rel_l2 / e.limit(check))
+        return all(e.rel_l2 <= e.limit(check) for e in errors), worst.rel_l2, worst.limit(check)
+    return judge_candidate
+
+
+def variable_of_error(name: str) -> str:
+    """The variable a gradient error is of ("step 3: x/weights gradient" -> x/weights)."""
+    name = name.split(": ", 1)[1] if name.startswith("step ") else name
+    return name[:-len(" gradient")] if name.endswith(" gradient") else name
 
 
 class BothSteps(NamedTuple):
@@ -77,6 +97,18 @@ class BothSteps(NamedTuple):
     legacy: StepOutcome
     modern: StepOutcome
     towers: TowerFeed
+
+
+def own_tolerances(sides: Sides) -> str:
+    """The note on the gradients that have tolerances of their own (compare.tolerances.row_order_tolerances)."""
+    from compare.tolerances import MARGIN
+    own = sides.tol.tensors
+    if not own:
+        why = " (batch norm couples a tower's rows)" if sides.legacy.moving else ""
+        return f"; every gradient at the model tolerance{why}"
+    top = max(own.values(), key=lambda t: t.rel_l2)
+    return (f"; {len(own)} gradient(s) with a tolerance of their own, {MARGIN} x their spread with each tower's "
+            f"rows in another order (largest: {top.name[len('gradient '):]} {top.rel_l2:.2g})")
 
 
 def step_both(sides: Sides, batch: Batch, state: State, towers: Optional[TowerRows] = None) -> BothSteps:
@@ -99,8 +131,9 @@ def check_inference(sides: Sides) -> Result:
     predicted = sides.modern.predict(batch.x)
     errors = [tensor_error(f"tower {i} logits ({len(rows)} rows)", out, predicted[np.asarray(rows, int)])
               for i, (out, rows) in enumerate(zip(logits, tower_feed.rows)) if len(rows)]
-    return judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tol.model,
-                 note=f"{batch.rows} rows, logits of {len(errors)} towers against the model's")
+    result = judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tol.model,
+                   note=f"{batch.rows} rows, logits of {len(errors)} towers against the model's")
+    return diagnosis.guarded(result, lambda: diagnosis.localise_layers(sides, batch, training=False))
 
 
 def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
@@ -116,6 +149,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
     batch = sides.batch(seed=4)
     feed = legacy.feed(batch, True).feed_dict
     errors, notes, ok = [], [], True
+    kept_m: dict[int, tuple[float, float]] = {}  # dropout k -> (the port's kept fraction, the legacy rate)
     by_k: dict[int, list[tf1_graph.Dropout]] = {}
     for d in legacy.dropouts:
         by_k.setdefault(legacy.dropout_index(d), []).append(d)
@@ -131,30 +165,71 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
         out_l = legacy.sess.run([d.output for d in ds], {**feed, **{d.input: ones for d in ds}})
         out_m = modern_dropout(modern, k, rows, shape, sides.towers)
         kp = 1 - rate
-        sigma, agree_sigma = np.sqrt(kp * (1 - kp) / ones.size), np.sqrt(0.25 / ones.size)
+        sigma = np.sqrt(kp * (1 - kp) / ones.size)
         for side, outs in (("legacy", out_l), ("modern", out_m)):
-            kept = [float(np.mean(o != 0)) for o in outs]
-            scale = np.unique(np.concatenate([o[o != 0] for o in outs]))
-            e_kept = tensor_error(f"{side} dropout {k} kept fraction (5 sigma = {5 * sigma:.1e})",
-                                  np.array(kept), np.full(len(kept), kp))
-            e_scale = tensor_error(f"{side} dropout {k} kept value 1/(1 - rate)",
-                                   np.array([scale.min(), scale.max()]), np.full(2, np.float32(1 / kp)))
-            errors += [e_kept, e_scale]
-            ok &= e_kept.max_abs <= 5 * sigma and e_scale.max_rel <= 2 * EPS32
-            agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0)))
-                     for i, j in itertools.combinations(range(len(outs)), 2)]
-            if agree:
-                e = tensor_error(f"{side} dropout {k} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
-                                 np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2))
-                errors.append(e)
-                ok &= e.max_abs <= 5 * agree_sigma
+            side_errors, side_ok, kept = _mask_statistics(f"{side} dropout {k}", outs, kp)
+            errors += side_errors
+            ok &= side_ok
             notes.append(f"{side} {k}: kept {np.round(kept, 4).tolist()}")
+            if side == "modern":
+                kept_m[k] = (float(np.mean(kept)), rate)
     sampling = Tolerance("sampling", 5 * sigma / kp, f"kept fractions within 5 sigma of binomial noise "
                                                       f"({5 * sigma:.1e} over {ones.size} units), masks agreeing "
                                                       f"within 5 sigma of kp^2 + (1 - kp)^2, kept values 1/kp "
                                                       f"within 2 eps32")
-    return judge(name, sides.pair.name, errors, sampling, ok=ok,
-                 note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
+    result = judge(name, sides.pair.name, errors, sampling, ok=ok,
+                   note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
+
+    return diagnosis.guarded(result, lambda: _localise_dropout(sides, by_k, kept_m, sigma, units))
+
+
+def _mask_statistics(label: str, outs: Sequence[np.ndarray], kp: float
+                     ) -> tuple[list[TensorError], bool, list[float]]:
+    """One side's dropout `outs` (one per tower) on inputs of ones: its kept fractions against kp,
+    its kept values against 1/kp, and its towers' mask agreement against kp^2 + (1 - kp)^2."""
+    size = outs[0].size
+    sigma, agree_sigma = np.sqrt(kp * (1 - kp) / size), np.sqrt(0.25 / size)
+    kept = [float(np.mean(o != 0)) for o in outs]
+    scale = np.unique(np.concatenate([o[o != 0] for o in outs]))
+    e_kept = tensor_error(f"{label} kept fraction (5 sigma = {5 * sigma:.1e})", np.array(kept), np.full(len(kept), kp))
+    e_scale = tensor_error(f"{label} kept value 1/(1 - rate)", np.array([scale.min(), scale.max()]),
+                           np.full(2, np.float32(1 / kp)))
+    errors = [e_kept, e_scale]
+    ok = bool(e_kept.max_abs <= 5 * sigma and e_scale.max_rel <= 2 * EPS32)
+    agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0))) for i, j in itertools.combinations(range(len(outs)), 2)]
+    if agree:
+        e = tensor_error(f"{label} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
+                         np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2))
+        errors.append(e)
+        ok &= bool(e.max_abs <= 5 * agree_sigma)
+    return errors, ok, kept
+
+
+def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
+                      kept_m: dict[int, tuple[float, float]], sigma: float, units: int) -> diagnosis.Diagnosis:
+    """The first dropout whose kept fraction parts from the legacy's, and whether the port reading
+    the rate as a keep probability (or the reverse) explains it."""
+    modern = sides.modern
+    for k, (kept, rate_k) in sorted(kept_m.items()):
+        if abs(kept - (1 - rate_k)) <= 5 * sigma:
+            continue
+        layer = modern.dropouts[k]
+        shape_k = tuple(by_k[k][0].noise.shape[1:])
+        rows_k = max(1, units // int(np.prod(shape_k)))
+
+        def retry(layer: Any = layer, k: int = k, rows_k: int = rows_k, shape_k: tuple[int, ...] = shape_k) -> float:
+            old = layer.rate
+            layer.rate = 1 - old
+            try:
+                outs = modern_dropout(modern, k, rows_k, shape_k, sides.towers)
+            finally:
+                layer.rate = old
+            return float(np.mean([np.mean(o != 0) for o in outs]))
+        where = (f"dropout {k} (the model's {layer.name}) keeps {kept:.4f} of the units where the legacy "
+                 f"keeps {1 - rate_k:g}")
+        return diagnosis.Diagnosis(where, causes.explain_dropout(kept, rate_k, sigma, retry), [], "dropouts")
+    return diagnosis.Diagnosis("every dropout keeps its legacy fraction: the masks or the scale part",
+                               causes.unexplained([]), [], "dropouts")
 
 
 def modern_dropout(modern: ModernRun, k: int, rows: int, shape: tuple[int, ...], replicas: int) -> list[np.ndarray]:
@@ -183,14 +258,34 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
     both = step_both(sides, batch, state or sides.start)
     grads_l, step = both.legacy.gradients, both.modern
     free = free_biases(grads_l)
-    return [judge(f"{sides.label}forward (training, same dropout masks){suffix}", sides.pair.name,
-                  [tensor_error("loss", both.legacy.loss, step.loss)], sides.tol.model,
-                  note=f"rows per replica {step.rows}"),
-            judge(f"{sides.label}gradients (read out of the train step){suffix}", sides.pair.name,
-                  gradient_errors(sides, grads_l, step.gradients, free=free), sides.tol.model,
-                  note=f"{len(grads_l)} variables ({len(free)} free biases: round-off only), legacy grads_and_vars "
-                       f"vs the modern step's, {step.source}",
-                  extra={"free": free, "plot": "gradients" if not suffix else ""})]
+    start = state or sides.start
+    loss = judge(f"{sides.label}forward (training, same dropout masks){suffix}", sides.pair.name,
+                 [tensor_error("loss", both.legacy.loss, step.loss)], sides.tol.model,
+                 note=f"rows per replica {step.rows}")
+    gradients = judge(f"{sides.label}gradients (read out of the train step){suffix}", sides.pair.name,
+                      gradient_errors(sides, grads_l, step.gradients, free=free), sides.tol.model,
+                      note=f"{len(grads_l)} variables ({len(free)} free biases: round-off only), the gradients each "
+                           f"legacy update received vs the modern step's, {step.source}" + own_tolerances(sides),
+                      extra={"free": free, "plot": "gradients" if not suffix else ""})
+
+    def localise_loss() -> diagnosis.Diagnosis:
+        sides.set_both(start)
+        outside = lambda: causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights,  # noqa: E731
+                                              sides.tol.model.rel_l2)
+        return diagnosis.localise_layers(sides, batch, training=True, outside=outside)
+
+    def localise_gradients() -> diagnosis.Diagnosis:
+        forward = loss.diagnosis
+        if forward is not None and any(p.parts for p in forward.parts):
+            # A layer parts in the forward pass already: every gradient inherits it.  (Where every
+            # layer agrees and only the loss parts, say a regulariser, the gradients say where.)
+            return diagnosis.Diagnosis(f"the forward pass parts before the gradients do: {forward.where}",
+                                       forward.cause, forward.parts, forward.kind)
+        explain = lambda layer: causes.explain_gradients(  # noqa: E731
+            sides, grads_l, step.gradients, start.weights, gradient_judge(sides, grads_l, free))
+        return diagnosis.localise_gradients(sides, gradients, variable_of_error, explain)
+    diagnosis.guarded(loss, localise_loss)
+    return [loss, diagnosis.guarded(gradients, localise_gradients)]
 
 
 def check_free_variables(sides: Sides) -> Result:

@@ -1,13 +1,13 @@
 """Free-running trajectories against the system's own sensitivity (the chaos floor)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from compare.report import TensorError, judge
+from compare import causes, diagnosis
 from compare.interface import Batch
-from compare.report import Result
+from compare.report import Diagnosis, Part, Result, TensorError, judge
 from compare.state import Masks
 from compare.sides import Sides, State
 
@@ -92,7 +92,7 @@ def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: 
     finite = all(np.isfinite(runs["legacy"][0] + losses_m))
     worst = int(np.argmax(ratios))
     r = rows[worst]
-    return judge(f"{sides.label}{steps} free-running steps (chaos floor){suffix}", sides.pair.name, errors, "chaos",
+    result = judge(f"{sides.label}{steps} free-running steps (chaos floor){suffix}", sides.pair.name, errors, "chaos",
                  ok=finite and all(q <= 1 for q in ratios),
                  note=f"{'chaotic' if chaotic else 'not chaotic'}; worst step {worst}: weights legacy-modern "
                       f"{r['d_m']:.3g} vs legacy-perturbed {r['d_p']:.3g}, loss {r['e_loss']:.3g} vs {r['p_loss']:.3g} "
@@ -100,3 +100,16 @@ def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: 
                       f"{'; losses not judged' if chaotic else ''}); last step at {ratios[-1]:.2f} of allowed",
                  extra={"losses": {"legacy": runs["legacy"][0], "modern": losses_m, "perturbed": runs["perturbed"][0]},
                         "distances": {"modern": [r["d_m"] for r in rows], "perturbed": [r["d_p"] for r in rows]}})
+    return diagnosis.guarded(result, lambda: _localise_trajectory(sides, start, steps, rows, ratios))
+
+
+def _localise_trajectory(sides: Sides, start: State, steps: int, rows: Sequence[Mapping[str, float]],
+                         ratios: Sequence[float]) -> Diagnosis:
+    """The first free-running step beyond its allowance, and which known rule, carried along the
+    port's own trajectory, explains it."""
+    first = next(k for k, q in enumerate(ratios) if not q <= 1)
+    parts = [Part(f"step {k}", q, 1.0, note=f"weights {rows[k]['d_m']:.3g}, loss {rows[k]['e_loss']:.3g}")
+             for k, q in enumerate(ratios)]
+    where = (f"first at free-running step {first} ({ratios[first]:.3g} of allowed)"
+             + (f"; step{'s 0 to' if first > 1 else ''} {first - 1} within" if first else ""))
+    return Diagnosis(where, causes.explain_trajectory(sides, start, steps), parts, "steps")

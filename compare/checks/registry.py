@@ -18,7 +18,8 @@ import sys
 import traceback
 from typing import Callable
 
-from compare.checks import averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, trained
+from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure,
+                            trained)
 from compare.interface import GROUPS, NotFed
 from compare.report import Result, error_result, not_applicable
 from compare.settings import Settings
@@ -95,6 +96,8 @@ REGISTRY: dict[str, Group] = {g.name: g for g in (
         Check("variables", lambda ctx: [basics.check_variables(ctx.sides)]),
         Check("checkpoint round trip", lambda ctx: [basics.check_checkpoint_round_trip(ctx.sides)]),
         Check("input pipelines", lambda ctx: [basics.check_pipelines(ctx.sides)]))),
+    Group("structure", lambda ctx: "what each side regularises, averages and trains", always, (
+        Check("structure (regularised, averaged, trained)", lambda ctx: [structure.check_structure(ctx.sides)]),)),
     Group("shuffle", lambda ctx: "both training pipelines, shuffled, over two epochs", always, (
         Check("shuffled pipelines (two epochs)", lambda ctx: [shuffle.check_shuffle(ctx.sides)]),)),
     Group("flags", lambda ctx: "every shared flag at another value, through what each program builds", not_quick, (

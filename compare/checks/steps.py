@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from typing import Optional
-from typing import Any, Sequence
-
-from compare import common
-from compare import optimizers
-from compare.checks.forward import gradient_errors
+from compare import causes, common, diagnosis, modern_run, optimizers, tf1_graph
+from compare.checks.forward import gradient_errors, gradient_judge
 from compare.legacy_run import LegacyRun
 from compare.modern_run import ModernRun
-from compare.report import EPS32, Result, TensorError, judge, tensor_error
+from compare.report import EPS32, Diagnosis, Part, Result, TensorError, judge, not_applicable, tensor_error
 from compare.sides import Sides
 from compare.state import Arrays, State, StepOutcome
 
@@ -107,9 +105,13 @@ class RestartStep:
     legacy_after: State
     modern_weights: Arrays       # the modern trainable weights after the step
     modern_slots: dict[str, Arrays]
+    modern_slots_before: dict[str, Arrays]  # the port's slots the step started from (its own names)
     iterations: int              # the modern optimizer's iterations after the step
     modern_moving: Arrays        # the modern moving statistics after the step
     powers: tuple[float, ...] = ()  # the legacy beta powers after the step (Adam)
+    # The port's optimizer on the legacy gradient from `before` (optimizers side by side): its weights and slots.
+    port_weights: Arrays = dataclasses.field(default_factory=dict)
+    port_slots: dict[str, Arrays] = dataclasses.field(default_factory=dict)
 
 
 def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartStep:
@@ -117,18 +119,20 @@ def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartSt
     legacy, modern = sides.legacy, sides.modern
     names = list(legacy.trainable)
     lr_state = sides.set_both(state)
+    slots_before = modern.slot_values(names)
     batch = sides.batch(seed=100 + k)
     out_m = modern.step(batch, before=state)
     out_l = legacy.step(batch, sides.masks_for(batch, out_m))
     powers = tuple(legacy.sess.run([legacy.powers["beta1_power"], legacy.powers["beta2_power"]])) \
         if legacy.powers else ()
     return RestartStep(step, state, lr_state, out_l, out_m, legacy.state(), modern.weights(names),
-                       modern.slot_values(names), modern.iterations(),
+                       modern.slot_values(names), slots_before, modern.iterations(),
                        modern.weights(sorted({u.variable.op.name for u in legacy.moving})), powers)
 
 
-def optimizer_errors(sides: Sides, r: RestartStep) -> list[TensorError]:
-    """Each side's update and slots of every variable against its own rule (compare.optimizers)."""
+def optimizer_errors(sides: Sides, r: RestartStep, modern: bool = True) -> list[TensorError]:
+    """Each side's update and slots of every variable against its own rule (compare.optimizers),
+    where the harness knows that rule (the port's only where `modern`)."""
     rule_l, rule_m = sides.legacy.rule, sides.modern.rule
     names = list(sides.legacy.trainable)
     tol = sides.tol.optimizer.rel_l2
@@ -143,12 +147,12 @@ def optimizer_errors(sides: Sides, r: RestartStep) -> list[TensorError]:
             (float(b1p), float(b2p)), tol)
 
     def modern_update(n: str) -> list[TensorError]:
-        before = optimizers.modern_slots_from_legacy(rule_m, r.before.slots[n], r.lr_state)
         return optimizers.update_errors(
-            f"modern step {r.step}: {n}", rule_m, dict(before, w=r.before.weights[n]),
+            f"modern step {r.step}: {n}", rule_m, dict(r.modern_slots_before[n], w=r.before.weights[n]),
             dict(r.modern_slots[n], w=r.modern_weights[n]), r.modern.gradients[n], rate(r.modern), powers_m, tol)
 
-    jobs = [(legacy_update, n) for n in names] + [(modern_update, n) for n in names]
+    jobs = ([(legacy_update, n) for n in names] if rule_l.known else []) \
+        + ([(modern_update, n) for n in names] if rule_m.known and modern else [])
     return [e for errors in common.parallel_map(lambda job: job[0](job[1]), jobs) for e in errors]
 
 
@@ -176,23 +180,218 @@ def check_training_steps(sides: Sides, count: int, steps_at: Optional[list[int]]
                          start: Optional[State] = None, suffix: str = "") -> list[Result]:
     """See the module docstring; the first step starts from the common start (or `start`), each
     later one from where the legacy program's previous step left it."""
-    legacy, modern = sides.legacy, sides.modern
+    legacy = sides.legacy
     points = change_points(legacy)
     steps_at = steps_at or restart_steps(points, count)
     runs: list[RestartStep] = []
     for k, step in enumerate(steps_at):
         state = (legacy.state() if k else (start or sides.start)).replace(step=step)
         runs.append(run_restart_step(sides, k, step, state))
-    results = [check_lr(sides, runs, points, suffix),
-               check_losses_and_gradients(sides, runs, suffix),
-               judge(f"{sides.label}{len(runs)} training step{plural(runs)}: optimizer on each side{suffix}",
-                     sides.pair.name, [e for r in runs for e in optimizer_errors(sides, r)], sides.tol.optimizer,
-                     note=f"every variable's update and slots against its own rule: legacy {legacy.rule.describe()}, "
-                          f"modern {modern.rule.describe()}"),
-               check_counters(sides, runs, suffix)]
+    side_by_side = check_port_optimizer(sides, runs, suffix)
+    kinds = {"learning rate": check_lr(sides, runs, points, suffix),
+             "loss and gradients": check_losses_and_gradients(sides, runs, suffix),
+             "own rule": check_own_rules(sides, runs, suffix, modern=not implied(sides, side_by_side)),
+             "side by side": side_by_side,
+             "step counters": check_counters(sides, runs, suffix)}
     if legacy.moving:
-        results.append(check_moving_statistics(sides, runs, suffix))
-    return results
+        kinds["moving statistics"] = check_moving_statistics(sides, runs, suffix)
+    if any(r.status == "FAIL" for r in kinds.values()):
+        diagnose_steps(sides, runs, kinds, points)
+    return list(kinds.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the steps part, and why
+
+# The variable groups of one step, in the order a step computes them (the rate and the gradients
+# feed the update of the weights and slots; the moving statistics and the counters move beside it).
+STEP_GROUPS = ("learning rate", "loss and gradients", "weights", "slots", "moving statistics", "step counters",
+               "own rule")
+STEP = re.compile(r"step (\d+)")
+
+
+def step_parts(kinds: dict[str, Result]) -> list[Part]:
+    """One Part per (step, variable group) that the step checks compared, in step order, then group
+    order: the worst tensor of the group at that step against its own tolerance."""
+    found: dict[tuple[int, int], tuple[float, TensorError, float]] = {}
+    for kind, result in kinds.items():
+        check = result.tolerance.rel_l2
+        for e in result.errors:
+            m = STEP.search(e.name)
+            if m is None or "(probed)" in e.name:
+                continue
+            group = ("weights" if e.name.endswith(" update") else "slots") if kind == "side by side" else kind
+            key = (int(m.group(1)), STEP_GROUPS.index(group))
+            limit = e.limit(check)
+            ratio = e.rel_l2 / limit if limit > 0 else (0.0 if e.rel_l2 == 0 else np.inf)
+            if key not in found or ratio > found[key][0]:
+                found[key] = (ratio, e, limit)
+    return [Part(f"step {step}: {STEP_GROUPS[group]}", e.rel_l2, limit, note=e.name)
+            for (step, group), (_, e, limit) in sorted(found.items())]
+
+
+def rates_part(result: Result) -> str:
+    """Where the rates of the lr check first part, in global-step order (restart steps and probes)."""
+    check = result.tolerance.rel_l2
+    failing = sorted(((int(STEP.search(e.name).group(1)), e) for e in result.errors  # type: ignore[union-attr]
+                      if STEP.search(e.name) and e.rel_l2 > e.limit(check)), key=lambda pair: pair[0])
+    if not failing:
+        return "no rate parts"
+    step, e = failing[0]
+    return (f"the rates first part at global step {step} ({e.name}: {e.rel_l2:.3g} against {e.limit(check):.3g}); "
+            f"{len(failing)} of {len(result.errors)} rates compared part")
+
+
+def diagnose_steps(sides: Sides, runs: list[RestartStep], kinds: dict[str, Result],
+                   points: Optional[list[int]]) -> None:
+    """Each FAIL of the step checks gets where the steps first part (the first step, then the first
+    variable group) and the catalogue's likely cause for what it compares."""
+    def where() -> tuple[str, list[Part]]:
+        parts = step_parts(kinds)
+        i = diagnosis.first_parting(parts)
+        if i is None:
+            return "no step's variable group parts beyond its tolerance", parts
+        p = parts[i]
+        steps_before = sorted({int(STEP.search(q.name).group(1)) for q in parts[:i]  # type: ignore[union-attr]
+                               if not q.name.startswith(p.name.split(":")[0] + ":")})
+        return (f"first at {p.name} ({p.note}: {p.error:.3g} against {p.tolerance:.3g})"
+                + (f"; steps {steps_before} agree" if steps_before else "; it is the first step compared"), parts)
+
+    def first_failing(kind: str) -> Optional[RestartStep]:
+        """The first step at which a check's tensors part."""
+        result = kinds[kind]
+        for r in runs:
+            if any(e.rel_l2 > e.limit(result.tolerance.rel_l2) for e in result.errors
+                   if STEP.search(e.name) and int(STEP.search(e.name).group(1)) == r.step):  # type: ignore[union-attr]
+                return r
+        return None
+
+    def optimizer_cause() -> str:
+        r = first_failing("side by side")
+        return causes.explain_optimizer(sides, r) if r is not None else causes.unexplained([])
+
+    def gradient_cause() -> str:
+        r = first_failing("loss and gradients")
+        if r is None:
+            return causes.unexplained([])
+        return causes.explain_gradients(sides, r.legacy.gradients, r.modern.gradients, r.before.weights,
+                                        gradient_judge(sides, r.legacy.gradients))
+
+    causes_of: dict[str, Callable[[], str]] = {
+        "learning rate": lambda: causes.explain_schedule(sides, [r.step for r in runs] + schedule_probes(points)),
+        "loss and gradients": gradient_cause,
+        "side by side": optimizer_cause,
+        "moving statistics": lambda: explain_moving_statistics(sides, runs),
+    }
+    line: Optional[str] = None
+    parts: list[Part] = []
+    for kind, result in kinds.items():
+        if result.status != "FAIL":
+            continue
+        if line is None:
+            line, parts = where()
+
+        def localise(kind: str = kind, line: Optional[str] = line, parts: list[Part] = parts) -> Diagnosis:
+            cause = causes_of.get(kind, lambda: causes.unexplained([]))()
+            if kind == "learning rate":  # the rates are compared at probed steps too: the first that parts
+                return Diagnosis(rates_part(kinds[kind]), cause, parts, "steps")
+            return Diagnosis(line or "", cause, parts, "steps")
+        diagnosis.guarded(result, localise)
+
+
+def implied(sides: Sides, side_by_side: Result) -> bool:
+    """Whether the port's update follows its own rule by implication: it is the legacy program's rule
+    (hyper-parameters aside), the port's update agrees with the legacy one side by side, and the
+    legacy update is judged against that rule."""
+    return optimizers.same_rule(sides.legacy.rule, sides.modern.rule) and side_by_side.status == "PASS"
+
+
+def check_own_rules(sides: Sides, runs: list[RestartStep], suffix: str, modern: bool = True) -> Result:
+    """Each side's optimizer against its own rule, where the harness knows it; the port's only where
+    `modern` (where side by side does not imply it: `implied`)."""
+    rule_l, rule_m = sides.legacy.rule, sides.modern.rule
+    name = f"{sides.label}{len(runs)} training step{plural(runs)}: optimizer on each side{suffix}"
+    if not rule_l.known and not rule_m.known:
+        return not_applicable(name, sides.pair.name, f"the harness knows neither rule (legacy {rule_l.describe()}, "
+                                                     f"modern {rule_m.describe()}): the two are judged against each "
+                                                     f"other (the port's optimizer on the legacy gradient)")
+    judged = [("legacy", rule_l)] + ([("modern", rule_m)] if modern else [])
+    own = [f"{side} {rule.describe()}" for side, rule in judged if rule.known]
+    other = [f"{side} {rule.describe()}" for side, rule in (("legacy", rule_l), ("modern", rule_m)) if not rule.known]
+    errors = [e for r in runs for e in optimizer_errors(sides, r, modern=modern)]
+    note = f"every variable's update and slots against its own rule: {', '.join(own)}"
+    if rule_m.known and not modern:
+        note += "; the port's by implication: the same rule, and its update agrees with the legacy one side by side"
+    if other:
+        note += f"; {', '.join(other)}: judged against the other side only (optimizers side by side)"
+    return judge(name, sides.pair.name, errors, sides.tol.optimizer, note=note)
+
+
+def port_on_legacy_gradient(sides: Sides, r: RestartStep) -> list[TensorError]:
+    """The port's optimizer given what the legacy update was given (the state the step started
+    from, the legacy gradient), against what the legacy update made of it: each variable's update and
+    the slots the two keep alike (by conversion, or by the pairing found by value for a rule the
+    harness does not know)."""
+    legacy, modern = sides.legacy, sides.modern
+    names = list(legacy.trainable)
+    modern.restore(r.before, r.lr_state)
+    if modern.pairing is None and not modern.rule.known:
+        for n in names:  # the port's own initial slots: nothing pairs them with the legacy ones yet
+            for key, value in modern.fresh_slots[n].items():
+                modern_run.assign_everywhere(modern.slots[n][key], value)
+    modern.apply({n: r.legacy.gradients[n] for n in names})
+    after_w, after_s = modern.weights(names), modern.slot_values(names)
+    if modern.pairing is None and not modern.rule.known:
+        modern.pairing = find_pairing(sides, r, after_s)
+    r.port_weights, r.port_slots = after_w, after_s
+    tol = sides.tol.optimizer.rel_l2
+    jobs = []
+    for n in names:
+        jobs.append((f"step {r.step}: {n} update", r.before.weights[n], after_w[n], r.legacy_after.weights[n]))
+        converted = modern.legacy_slots_of(after_s[n])
+        jobs += [(f"step {r.step}: {n} {key}", r.before.slots[n][key], converted[key], r.legacy_after.slots[n][key])
+                 for key in sorted(set(converted) & set(r.legacy_after.slots[n]))]
+    return common.parallel_map(lambda job: change_error(*job, tol), jobs)
+
+
+def change_error(name: str, before: np.ndarray, modern: np.ndarray, legacy: np.ndarray, tol: float) -> TensorError:
+    """The modern change of a tensor against the legacy change, relative to the legacy change, with a
+    floor of a few roundings of each (both sides store float32)."""
+    b0 = np.asarray(before, np.float64)
+    floor = (np.linalg.norm(np.spacing(np.abs(np.asarray(before, np.float32))))
+             + 2 * np.linalg.norm(np.spacing(np.abs(np.asarray(legacy, np.float32))))
+             + 8 * EPS32 * np.linalg.norm(np.asarray(legacy, np.float64) - b0))
+    return tensor_error(name, np.asarray(modern, np.float64) - b0, np.asarray(legacy, np.float64) - b0, floor / tol)
+
+
+def find_pairing(sides: Sides, r: RestartStep, after: dict[str, Arrays]) -> Optional[dict[str, str]]:
+    """modern slot -> legacy slot, the same for every variable, where each pair holds the same values
+    after the step (within the optimizer tolerance); None if no such pairing."""
+    tol = sides.tol.optimizer.rel_l2
+    names = list(sides.legacy.trainable)
+    first = names[0]
+
+    def close(a: np.ndarray, b: np.ndarray) -> bool:
+        return tensor_error("", a, b).rel_l2 <= 64 * tol
+
+    pairing = optimizers.pair_slots(r.legacy_after.slots[first], after[first], close)
+    if pairing is None:
+        return None
+    ok = all(close(after[n][m], r.legacy_after.slots[n][legacy]) for n in names for m, legacy in pairing.items())
+    return pairing if ok else None
+
+
+def check_port_optimizer(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
+    """The port's optimizer on the legacy gradient from the legacy state, against the legacy update."""
+    name = f"{sides.label}{len(runs)} training step{plural(runs)}: optimizers side by side{suffix}"
+    errors = [e for r in runs for e in port_on_legacy_gradient(sides, r)]
+    modern = sides.modern
+    slots = ("slots converted" if modern.rule.known else
+             f"slots paired by value ({', '.join(f'{m} = {l}' for m, l in modern.pairing.items())})" if modern.pairing
+             else "no slot pairs by value: updates only")
+    return judge(name, sides.pair.name, errors, sides.tol.optimizer,
+                 note=f"legacy {sides.legacy.rule.describe()} vs modern {modern.rule.describe()}, each variable's "
+                      f"update from the same state on the same gradient; {slots}")
 
 
 def plural(runs: list[RestartStep]) -> str:
@@ -313,6 +512,7 @@ def check_moving_statistics(sides: Sides, runs: list[RestartStep], suffix: str =
     groups = moving_groups(legacy)
     decay = legacy.moving_decays()
     n_updates = max(len(ix) for ix in groups.values())
+    plain = causes.MovingVariant()
     errors: list[TensorError] = []
     seen: dict[int, int] = {}
     gaps: list[float] = []
@@ -322,18 +522,16 @@ def check_moving_statistics(sides: Sides, runs: list[RestartStep], suffix: str =
         for name, ix in sorted(groups.items()):
             v = np.asarray(before[name], np.float64)
             a = [np.asarray(stats[i], np.float64) for i in ix]
-            floor = ((len(ix) + 1) * np.linalg.norm(np.spacing(np.abs(before[name])))
-                     + 4 * (1 - decay[name]) * sum(np.linalg.norm(np.spacing(np.abs(stats[i])))
-                                                   for i in ix)) / tol.rel_l2
+            floor = moving_floor(before[name], [stats[i] for i in ix], decay[name], tol.rel_l2)
             preds = predictions_legacy(v, a, decay[name])
             scored = [tensor_error("", after_l[name] - v, p - v, floor).rel_l2 for p in preds]
             best = int(np.argmin(scored))
             seen[best] = seen.get(best, 0) + 1
             errors.append(tensor_error(f"legacy {name} step {step} (schedule {best})", after_l[name] - v,
                                        preds[best] - v, floor))
-            modern_pred = v - (v - np.mean(a, axis=0)) * (1 - decay[name])
+            modern_pred = modern_moving(v, a, decay[name], plain, None)
             errors.append(tensor_error(f"modern {name} step {step}", after_m[name] - v, modern_pred - v, floor))
-            copies = [np.asarray(c) for c in replica_copies(modern.names[name])]
+            copies = [np.asarray(c) for c in modern_run.replica_copies(modern.names[name])]
             if len(copies) > 1:
                 errors.append(tensor_error(f"modern {name} step {step}: replica copies equal", np.stack(copies),
                                            np.stack([copies[0]] * len(copies))))
@@ -348,8 +546,63 @@ def check_moving_statistics(sides: Sides, runs: list[RestartStep], suffix: str =
                  ok=ok, note=note)
 
 
-def replica_copies(variable: Any) -> list[np.ndarray]:
+def moving_floor(before: np.ndarray, stats: Sequence[np.ndarray], decay: float, tol: float) -> float:
+    """The floor of a moving-statistic update (check_moving_statistics), in tensor_error's units."""
+    return ((len(stats) + 1) * np.linalg.norm(np.spacing(np.abs(before)))
+            + 4 * (1 - decay) * sum(np.linalg.norm(np.spacing(np.abs(s))) for s in stats)) / tol
+
+
+def modern_moving(v: np.ndarray, a: Sequence[np.ndarray], decay: float, variant: causes.MovingVariant,
+                  n: Optional[int], momentum: Optional[float] = None) -> np.ndarray:
+    """The port's moving statistic after one step: v - (v - mean_i a_i)(1 - d), or as `variant` has it
+    (its layer's own `momentum`; the biased variance, (n - 1) / n of the legacy towers' unbiased one, n the
+    elements per channel of a tower, for a variance; replica 0's statistic alone)."""
+    stats = [s * (n - 1) / n for s in a] if variant.biased and n else list(a)
+    target = stats[0] if variant.replica_zero else np.mean(stats, axis=0)
+    d = momentum if variant.momentum and momentum is not None else decay
+    return v - (v - target) * (1 - d)
+
+
+def elements_per_channel(sides: Sides) -> dict[str, int]:
+    """For each moving variance: the elements per channel a tower's batch norm normalises over on a
+    full batch (rows_per_tower x height x width, from the static shape of its input)."""
+    out = {}
+    for u in sides.legacy.moving:
+        name = u.variable.op.name
+        if "variance" not in name.rsplit("/", 1)[-1]:
+            continue
+        # The batch norm's input: the first float input of rank >= 2 of the op that computed the
+        # statistic (a fused batch norm, or the cond around one).
+        op = u.value.op
+        while op.type in tf1_graph.PASS_THROUGH and op.inputs:
+            op = op.inputs[0].op
+        inputs = [t for t in op.inputs if t.dtype.is_floating and t.shape.rank and t.shape.rank >= 2]
+        shape = inputs[0].shape if inputs else None
+        if shape is not None and all(d is not None for d in shape[1:-1]):
+            out[name] = sides.pair.rows_per_tower * int(np.prod(shape[1:-1]))
+    return out
+
+
+def explain_moving_statistics(sides: Sides, runs: list[RestartStep]) -> str:
+    """The moving-statistics entries: the port's updates against `modern_moving` under each variant."""
     import keras
-    inner = variable.value if isinstance(variable, keras.Variable) else variable
-    values = getattr(inner, "values", None)
-    return [v.numpy() for v in values] if values else [inner.numpy()]
+    legacy, tol = sides.legacy, sides.tol.model.rel_l2
+    groups, decay = moving_groups(legacy), legacy.moving_decays()
+    sizes = elements_per_channel(sides)
+
+    def judge_variant(variant: causes.MovingVariant) -> tuple[bool, float, float]:
+        worst = 0.0
+        for r in runs:
+            for name, ix in groups.items():
+                v = np.asarray(r.before.weights[name], np.float64)
+                a = [np.asarray(r.legacy.stats[i], np.float64) for i in ix]
+                floor = moving_floor(r.before.weights[name], [r.legacy.stats[i] for i in ix], decay[name], tol)
+                predicted = modern_moving(v, a, decay[name], variant, sizes.get(name), momenta.get(name))
+                worst = max(worst, tensor_error("", r.modern_moving[name] - v, predicted - v, floor).rel_l2)
+        return worst <= tol, worst, tol
+    by_id = {id(v): n for n, v in sides.modern.names.items()}
+    momenta = {by_id[id(v)]: float(layer.momentum) for layer in sides.modern.batch_norms
+               if isinstance(layer, keras.layers.BatchNormalization)
+               for v in (layer.moving_mean, layer.moving_variance) if id(v) in by_id}
+    differ = [m for n, m in momenta.items() if n in decay and abs(m - decay[n]) > 1e-6]  # float32 decays
+    return causes.explain_moving(judge_variant, differ, sides.towers)

@@ -1,0 +1,480 @@
+"""Judge a TF1 program as it runs: run it to its first training step and take its graph there.
+
+A TF1 program whose graph is built inside the function that trains it (a monolithic `train()` or
+`main()`: graph, session and loop in one) has no function an adapter could call to build its graph.
+The harness runs it instead, unmodified, under `legacy.run_tf1` (TF1 behaviour, tf.contrib's homes,
+towers on virtual CPU devices, the files of its folder upgraded in memory), and stops it at its first
+training `Session.run`: the first run, on the program's main thread, whose fetches lead to an
+optimizer's update ops (through a plain Session, MonitoredTrainingSession, MonitoredSession or
+Supervisor alike: all of them run through Session.run).  It takes there
+
+    graph      the program's graph, as built
+    config     the ConfigProto of the session the program opened (with its virtual CPU devices)
+    train_op   the fetch that leads to the updates
+
+and finds in the graph (`find`): each variable's update op and the gradient it receives, the learning
+rate the updates read, the global step, the towers' losses (where each tower's gradient ops start),
+each tower's logits (the first input of its softmax cross-entropy), and each tower's input rows (the
+queue dequeue, iterator or placeholder they come from, split across the towers by `tf.split` or not).
+`CapturedLegacy` is the LegacySide that does all of it; an adapter gives it the program, how to
+point the program at the harness's files, and names only what cannot be found.
+
+The program's flags (`tf.app.flags` / absl, or argparse) are read the same way: the program runs
+until it has parsed its command line (`parse_flags`).
+
+TensorFlow's global behaviour: the program runs with TF1 behaviour, and TF2 behaviour is turned back
+on as soon as the graph is taken (`legacy.run_tf1.tf1_environment` undoes what it set), so the modern
+side runs as it would alone.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import threading
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from compare import tf1_graph
+from compare.interface import Batch, DataFiles, LegacyGraph, LegacyPipeline, NotFed, TowerFeed
+from compare.legacy_run import HarnessError
+from compare.optimizers import TF1_OPS
+
+tf1 = tf.compat.v1
+SOURCES = ("QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany",
+           "QueueDequeueUpTo", "IteratorGetNext", "Placeholder")
+XENT = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+
+
+class CaptureError(HarnessError):
+    """The program could not be captured (the message says what it did instead)."""
+
+
+class Stop(BaseException):
+    """Raised inside the program where the harness has what it came for; ends the program's run."""
+
+
+@dataclasses.dataclass
+class Captured:
+    """What the program had built when it ran its first training step."""
+    graph: Any
+    config: Any
+    train_op: Any
+    fetches: Any
+    device_line: Optional[str]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the program to a point
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    """`owner.name` replaced for the duration."""
+    original = owner.__dict__[name]
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def fetched_ops(graph: Any, fetches: Any) -> list[Any]:
+    """The ops a Session.run's fetches name (nested lists, tuples, dicts; tensors, ops, names)."""
+    out: list[Any] = []
+    stack = [fetches]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, str):
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                stack.append(graph.as_graph_element(item))
+        elif isinstance(item, tf.Operation):
+            out.append(item)
+        elif hasattr(item, "op"):
+            out.append(item.op)
+    return out
+
+
+def updating(op: Any) -> bool:
+    """Whether `op` is an optimizer's update kernel."""
+    kind = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
+    return kind in TF1_OPS
+
+
+def training_fetch(graph: Any, fetches: Any) -> Optional[Any]:
+    """The fetched op that leads to an optimizer's update ops, or None (not a training run)."""
+    for op in fetched_ops(graph, fetches):
+        if any(updating(a) for a in tf1_graph.ancestors([op])):
+            return op
+    return None
+
+
+def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str] = None,
+            log: Callable[[str], None] = print) -> Captured:
+    """Run `program` with `argv` under legacy.run_tf1 until its first training Session.run; its graph
+    (every graph it makes gets the graph-level seed `seed`).  CaptureError if it ends or fails first."""
+    from legacy.run_tf1 import tf1_environment
+    from tensorflow.python.client import session as tf_session
+    from tensorflow.python.framework import ops
+
+    taken: list[Captured] = []
+    main = threading.main_thread()
+    run, graph_init = tf_session.BaseSession.__dict__["run"], ops.Graph.__dict__["__init__"]
+    env_line: list[Optional[str]] = [None]
+
+    def session_run(session: Any, fetches: Any, *args: Any, **kwargs: Any) -> Any:
+        if not taken and threading.current_thread() is main:
+            op = training_fetch(session.graph, fetches)
+            if op is not None:
+                taken.append(Captured(session.graph, getattr(session, "_config", None), op, fetches, env_line[0]))
+                raise Stop()
+        return run(session, fetches, *args, **kwargs)
+
+    def seeded_graph(graph: Any, *args: Any, **kwargs: Any) -> None:
+        graph_init(graph, *args, **kwargs)
+        graph.seed = seed
+
+    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=log) as env:
+        with patched(tf_session.BaseSession, "run", session_run), patched(ops.Graph, "__init__", seeded_graph):
+            try:
+                status = env.run_program(list(argv))
+            except Stop:
+                status = None
+        env_line[0] = env.device_line
+    if not taken:
+        why = (f"it raised while {env.failure.step} ({type(env.failure.error).__name__}: "
+               f"{str(env.failure.error).strip().splitlines()[0][:200] if str(env.failure.error).strip() else ''})"
+               if env.failure is not None else f"it ended with exit status {status}")
+        raise CaptureError(f"{program} {' '.join(argv)}: no training Session.run to capture: {why}")
+    return dataclasses.replace(taken[0], device_line=env_line[0])
+
+
+@contextlib.contextmanager
+def quiet_tensorflow() -> Iterator[None]:
+    """TensorFlow's Python log at ERROR for the duration: a TF1 program's every call of a deprecated
+    name logs a notice, pages of them per run."""
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def working_directory(folder: Optional[str]) -> Iterator[None]:
+    """The current directory set to `folder` (None: unchanged) for the duration."""
+    before = os.getcwd()
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None) -> argparse.Namespace:
+    """The program's own flags as it parses `argv`: it runs until it has parsed its command line
+    (absl / `tf.app.flags`, or argparse) and stops there.  The flags its own files define, by name;
+    the Namespace remembers `argv` (as `_argv`), which `capture` runs the program with."""
+    from absl import flags as absl_flags
+
+    from legacy.run_tf1 import tf1_environment
+    parsed: list[argparse.Namespace] = []
+    absl_call, known = absl_flags.FlagValues.__dict__["__call__"], argparse.ArgumentParser.__dict__["parse_known_args"]
+
+    def absl_parse(values: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        left = absl_call(values, args, *rest, **kwargs)
+        if values is absl_flags.FLAGS and not parsed:
+            owners = {str(env.program), *env.loaded}
+            parsed.append(argparse.Namespace(**{f.name: f.value for module, defined in
+                                                values.flags_by_module_dict().items() if module in owners
+                                                for f in defined}))
+            raise Stop()
+        return left
+
+    def argparse_parse(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        namespace, left = known(parser, *args, **kwargs)
+        if not parsed:
+            parsed.append(namespace)
+            raise Stop()
+        return namespace, left
+
+    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=lambda _: None) as env:
+        with patched(absl_flags.FlagValues, "__call__", absl_parse), \
+                patched(argparse.ArgumentParser, "parse_known_args", argparse_parse):
+            try:
+                env.run_program(list(argv))
+            except Stop:
+                pass
+    flags = parsed[0] if parsed else argparse.Namespace()
+    flags._argv = tuple(argv)
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------
+# What is found in a captured training graph
+
+@dataclasses.dataclass
+class TowerInput:
+    """Where one tower's rows come from: `x` and `y`, the source's outputs (a queue dequeue, an
+    iterator's get_next(), placeholders) the tower's inputs and labels derive from, and which part
+    of them the tower takes: all of them, or part `part` of `parts` equal slices (tf.split)."""
+    x: Any
+    y: Any
+    part: int = 0
+    parts: int = 1
+
+
+@dataclasses.dataclass
+class Found:
+    """What `find` finds in a training graph."""
+    train_op: Any
+    updates: dict[str, tf1_graph.OptimizerUpdate]
+    grads_and_vars: list[tuple[Any, Any]]
+    learning_rate: Any
+    global_step: Any
+    tower_losses: list[Any]
+    tower_logits: list[Any]
+    inputs: list[TowerInput]
+
+
+def natural(name: str) -> list[Any]:
+    """A name's sort key with its numbers as numbers (tower_2 before tower_10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+GRAD_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/(.+?)_grad(?:_\d+)?/")
+
+
+def tower_losses(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> list[Any]:
+    """The losses the applied gradients come from: each `tf.gradients` call starts from the ones it
+    fills in the loss's shape (its `grad_ys`), which the gradient of the loss's op reads first (in the
+    name scope `gradients/<the loss op>_grad`, TF1's naming); in the order of the towers' names."""
+    feeding = tf1_graph.ancestors([u.grad for u in updates.values() if u.grad is not None])
+    losses = []
+    for op in graph.get_operations():
+        if op.type != "Fill" or op not in feeding or "grad_ys" not in op.name.rsplit("/", 1)[-1]:
+            continue
+        if op.inputs[0].op.type == "Shape":
+            losses.append(op.inputs[0].op.inputs[0])
+            continue
+        for consumer in op.outputs[0].consumers():
+            found = GRAD_SCOPE.search(consumer.name)
+            if found:
+                with contextlib.suppress(KeyError, ValueError):
+                    losses.append(graph.get_operation_by_name(found.group(1)).outputs[0])
+                break
+    return sorted(dict.fromkeys(losses), key=lambda t: natural(t.name))
+
+
+def logits_of(loss: Any) -> Optional[Any]:
+    """The logits a tower's loss is computed from: the first input of its softmax cross-entropy (back
+    through the reshapes tf.nn.softmax_cross_entropy_with_logits wraps them in)."""
+    for op in tf1_graph.ancestors([loss]):
+        if op.type in XENT and "gradients" not in op.name:
+            logits = op.inputs[0]
+            while logits.op.type in ("Reshape", "Identity") and logits.op.inputs[0].shape.rank == 2:
+                logits = logits.op.inputs[0]
+            return logits
+    return None
+
+
+def source_of(tensor: Any) -> tuple[Optional[Any], int, int]:
+    """(the source output `tensor` derives from, the split part it takes, the number of parts):
+    walked back through single-input ops and tf.split."""
+    part, parts, seen = 0, 1, 0
+    while tensor is not None and seen < 64:
+        op = tensor.op
+        if op.type in SOURCES:
+            return tensor, part, parts
+        if op.type in ("Split", "SplitV"):
+            part, parts = tensor.value_index, len(op.outputs)
+            tensor = op.inputs[1] if op.type == "Split" else op.inputs[0]
+        else:
+            data = [i for i in op.inputs if i.dtype != tf.int32 or op.type in ("OneHot", "Cast", "Identity")]
+            tensor = data[0] if data else None
+        seen += 1
+    return None, 0, 1
+
+
+def tower_input(loss: Any) -> Optional[TowerInput]:
+    """A tower's source of rows: the labels its cross-entropy reads, and the images beside them."""
+    xent = next((op for op in tf1_graph.ancestors([loss]) if op.type in XENT and "gradients" not in op.name), None)
+    if xent is None:
+        return None
+    y, part, parts = source_of(xent.inputs[1])
+    if y is None:
+        return None
+    if y.op.type == "Placeholder":
+        images = [op.outputs[0] for op in tf1_graph.ancestors([loss]) if op.type == "Placeholder"
+                  and op is not y.op and op.outputs[0].shape.rank is not None and op.outputs[0].shape.rank >= 2]
+    else:
+        images = [t for t in y.op.outputs if t is not y and t.shape.rank is not None and t.shape.rank >= 2]
+    if not images:
+        return None
+    return TowerInput(images[0], y, part, parts)
+
+
+def find(graph: Any, train_op: Any) -> Found:
+    """What the harness needs of a training graph, found from the op the training run fetched."""
+    ahead = tf1_graph.ancestors([train_op])
+    order = {v.op.name: i for i, v in enumerate(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))}
+    applied = [op for op in ahead if updating(op)]
+    by_name = tf1_graph.variables_by_name(graph)
+    pairs = []
+    for op in applied:
+        inputs = dict(zip([arg.name for arg in op.op_def.input_arg], op.inputs))
+        variable = tf1_graph.variable_of(inputs["var"], by_name)
+        if variable is not None:
+            pairs.append((inputs.get("grad", inputs.get("delta")), variable))
+    pairs.sort(key=lambda gv: order.get(gv[1].op.name, len(order)))
+    if not pairs:
+        raise CaptureError(f"the training run fetched {train_op.name}, which leads to no update of a variable")
+    updates = tf1_graph.optimizer_updates(graph, pairs)
+    rates = [u.rate for u in updates.values() if u.rate is not None]
+    losses = tower_losses(graph, updates)
+    global_step = find_global_step(graph, ahead, by_name)
+    return Found(train_op, updates, pairs, rates[0] if rates else None, global_step, losses,
+                 [logits_of(loss) for loss in losses], [t for t in (tower_input(loss) for loss in losses) if t])
+
+
+def find_global_step(graph: Any, ahead: set[Any], by_name: dict[str, Any]) -> Any:
+    """The step counter: the GLOBAL_STEP collection's, else the variable the training run increments
+    (apply_gradients(global_step=...) adds one to it, of whatever dtype it was made), else the
+    variable named global_step."""
+    collected = graph.get_collection(tf1.GraphKeys.GLOBAL_STEP)
+    if collected:
+        return collected[0]
+    for op in ahead:
+        if op.type in ("AssignAdd", "AssignAddVariableOp") and op.inputs:
+            variable = tf1_graph.variable_of(op.inputs[0], by_name)
+            if variable is not None and variable.shape.rank == 0 and not variable.trainable:
+                return variable
+    return by_name.get("global_step")
+
+
+# ---------------------------------------------------------------------------------------------
+# The LegacySide of a captured program
+
+class Shadows:
+    """The moving-average shadows of a graph's variables, by their update `s -= (s - v)(1 - d)`
+    (tf.train.ExponentialMovingAverage's): `average(variable)` as the EMA object answers it."""
+
+    def __init__(self, graph: Any):
+        by_name = tf1_graph.variables_by_name(graph)
+        self.of: dict[str, Any] = {}
+        for op in graph.get_operations():
+            parts = tf1_graph.assign_sub_parts(op, by_name)
+            if parts is not None:
+                shadow, value, _ = parts
+                source = tf1_graph.variable_of(value, by_name)
+                if source is not None and source is not shadow:
+                    self.of.setdefault(source.op.name, shadow)
+
+    def average(self, variable: Any) -> Any:
+        return self.of.get(variable.op.name)
+
+
+def found_feed(inputs: Sequence[TowerInput], towers: int) -> Callable[[Batch, bool], TowerFeed]:
+    """The feed of a captured program: the batch cut in equal parts over the distinct sources (in
+    tower order), each source's outputs fed its part, each tower taking all of its source's rows or
+    its tf.split part of them.  A source with a static batch size takes exactly that many rows
+    (NotFed otherwise: a batch the program never receives)."""
+    sources = list(dict.fromkeys(t.x for t in inputs))
+
+    def feed(batch: Batch, training: bool) -> TowerFeed:
+        if batch.rows % len(sources):
+            raise NotFed(f"{len(sources)} input sources take equal parts of a batch: {batch.rows} rows cannot be "
+                         f"cut so")
+        size = batch.rows // len(sources)
+        feed_dict: dict[Any, Any] = {}
+        parts: dict[Any, np.ndarray] = {}
+        for k, x in enumerate(sources):
+            static = x.shape[0] if x.shape.rank else None
+            if static is not None and int(static) != size:
+                raise NotFed(f"{x.op.name} gives {int(static)} rows a step (its static batch size): a part of "
+                             f"{size} rows never reaches the towers")
+            parts[x] = np.arange(k * size, (k + 1) * size)
+            y = next(t.y for t in inputs if t.x is x)
+            feed_dict[x], feed_dict[y] = batch.x[parts[x]], batch.y[parts[x]]
+        rows = []
+        for t in inputs:
+            take = parts[t.x]
+            if t.parts > 1:
+                if len(take) % t.parts:
+                    raise NotFed(f"tf.split cuts {len(take)} rows into {t.parts} equal parts: it cannot")
+                share = len(take) // t.parts
+                take = take[t.part * share:(t.part + 1) * share]
+            rows.append(take)
+        return TowerFeed(feed_dict, rows, [1 / towers] * towers)
+    return feed
+
+
+class CapturedLegacy:
+    """A LegacySide for a TF1 program judged by running it (see the module docstring).
+
+    program: the program's .py file.  files_argv: (towers, files) -> the arguments that point the
+    program at the harness's files and scratch folder (its data and output folders).  tower_flag:
+    its flag for the tower count, which the harness sets last.  cwd: files -> the folder to run it in
+    (for a program that reads or writes relative paths), or None.  names: what `find` cannot find,
+    by field of LegacyGraph (a callable of the captured graph and Found).  evaluate: an optional
+    (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
+    pipeline check reads this many steps (capability 'pipelines').
+    """
+
+    def __init__(self, program: str, files_argv: Callable[[int, DataFiles], Sequence[str]], tower_flag: str,
+                 cwd: Optional[Callable[[DataFiles], str]] = None,
+                 names: Optional[Mapping[str, Callable[[Any, Found], Any]]] = None,
+                 evaluate: Optional[Callable[[argparse.Namespace, str, DataFiles], Mapping[str, float]]] = None,
+                 pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None):
+        self.program, self.files_argv, self.tower_flag = program, files_argv, tower_flag
+        self.cwd, self.names, self.pipeline_steps, self.log = cwd, dict(names or {}), pipeline_steps, log
+        self._config: Any = None
+        self.captured: Optional[Captured] = None
+        if evaluate is not None:
+            self.evaluate = evaluate
+
+    def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
+        return parse_flags(self.program, argv)
+
+    def session_config(self, flags: argparse.Namespace, towers: int) -> Any:
+        return self._config if self._config is not None else tf1.ConfigProto(device_count={"CPU": max(1, towers)})
+
+    def build(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyGraph:
+        # The tower count the harness asks for, whatever the flags were parsed with (the flags check
+        # builds each flag's program with one tower); the last value of a flag wins.
+        argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, files), self.tower_flag, str(towers)]
+        captured = capture(self.program, argv, cwd=self.cwd(files) if self.cwd else None, log=self.log)
+        self.captured, self._config = captured, captured.config
+        found = find(captured.graph, captured.train_op)
+        named = {field: make(captured.graph, found) for field, make in self.names.items()}
+        losses = named.get("tower_losses", found.tower_losses)
+        logits = named.get("tower_logits", found.tower_logits)
+        inputs = named.get("inputs", found.inputs)
+        if any(t is None for t in logits):
+            raise CaptureError("a tower's logits are not the first input of a softmax cross-entropy: name them "
+                               "(names={'tower_logits': ...})")
+        if len(inputs) != len(losses):
+            raise CaptureError(f"found the input rows of {len(inputs)} of {len(losses)} towers: name them "
+                               f"(names={{'inputs': ...}})")
+        with captured.graph.as_default():
+            loss = tf.add_n(list(losses)) / len(losses)
+        pipeline = None
+        if captured.graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) and self.pipeline_steps:
+            sources = list(dict.fromkeys((t.x, t.y) for t in inputs))
+            pipeline = LegacyPipeline(train=sources, steps=self.pipeline_steps, queue_runners=True)
+        return LegacyGraph(feed=named.get("feed", found_feed(inputs, len(losses))), tower_logits=logits,
+                           tower_losses=losses, loss=loss, grads_and_vars=found.grads_and_vars,
+                           train_op=found.train_op, global_step=named.get("global_step", found.global_step),
+                           learning_rate=named.get("learning_rate", found.learning_rate),
+                           moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)

@@ -1,0 +1,470 @@
+"""The known differences between TF1 and Keras 3, each with a counterfactual the harness tries on a FAIL.
+
+Each entry names a difference users of both meet again and again, and how it is tried where a FAIL
+was localised (compare.diagnosis):
+
+  on the port's layer     its padding or its batch norm's epsilon changed to the original's, the
+                          layer run again on the legacy program's input to it;
+  on the port's gradients its regulariser's term rescaled to the original's;
+  as a prediction         the original's optimizer rule, schedule, moving-statistics or moving-average
+                          update with the known change made, against what the port did (the port's
+                          own values; the rules are those `compare.optimizers` checks both sides by).
+
+The first entry under which the difference vanishes (every tensor within the tolerance it failed) is
+the likely cause, reported with the error it then shows; where none does, the report says so and
+names what was tried.  `CATALOGUE` lists every entry; each has a planted test in tests/test_causes.py
+(or beside the pair it is planted in) in which its mistake is found and named.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from compare import optimizers
+from compare.report import EPS32
+
+if TYPE_CHECKING:
+    from compare.diagnosis import Layer, LayerRun
+    from compare.sides import Sides
+
+UNEXPLAINED = "no known cause explains it"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """One known difference: its key, where it applies (the kind of place a FAIL is localised to),
+    what it is, and where users met it."""
+    key: str
+    kind: str
+    title: str
+    known_from: str
+
+
+CATALOGUE: dict[str, Cause] = {c.key: c for c in (
+    Cause("padding", "layer",
+          "padding: slim pools and convolves with 'SAME' (windows from pixel 0) and pads strided convolutions "
+          "explicitly and symmetrically (conv2d_same); a Keras layer with other padding sees other windows",
+          "tf_slim resnet_utils.conv2d_same; keras.applications.ResNet50V2's ZeroPadding2D + 'valid' pool1"),
+    Cause("bn_epsilon", "layer",
+          "batch-norm epsilon: slim's batch_norm 0.001 (resnet_arg_scope 1e-5), TF1's fused kernel up to 2021 "
+          "raised it to 1.001e-5, Keras' BatchNormalization 1e-3",
+          "tensorflow/tensorflow#55545 and the Keras BatchNormalization docs"),
+    Cause("keep_prob", "dropout",
+          "keep_prob against rate: tf.nn.dropout(keep_prob=p) keeps p of the units, keras.layers.Dropout(rate) "
+          "drops rate of them: Dropout(p) keeps 1 - p",
+          "the TF2 migration guide (tf.nn.dropout's rate argument)"),
+    Cause("regulariser_scale", "gradients",
+          "regulariser scale: tf.nn.l2_loss (slim's l2_regularizer) is sum(w^2) / 2, Keras' L2(l) is l sum(w^2); "
+          "a custom loop under MirroredStrategy that adds model.losses in every replica counts them once per "
+          "replica",
+          "keras-team/keras#19891; tf.nn.l2_loss's documentation"),
+    Cause("epsilon", "optimizer",
+          "optimizer epsilon: Keras' optimizers default to 1e-7, TF1's Adam to 1e-8 and RMSProp to 1e-10",
+          "tf.compat.v1.train.AdamOptimizer and keras.optimizers.Adam signatures"),
+    Cause("momentum_parameterisation", "optimizer",
+          "momentum: Keras' SGD keeps the velocity with the rate folded in (m = momentum m - lr g), TF1's "
+          "MomentumOptimizer without it (a = momentum a + g; w -= lr a): the same only while the rate is constant",
+          "the TF1-to-TF2 optimizer migration notes (tf.compat.v1.train.MomentumOptimizer)"),
+    Cause("epsilon_placement", "optimizer",
+          "RMSProp's epsilon: TF1 adds it inside the square root, sqrt(ms + eps); a port with sqrt(ms) + eps "
+          "differs wherever ms is small",
+          "tensorflow/tensorflow#58412"),
+    Cause("staircase", "schedule",
+          "staircase: tf.train.exponential_decay(..., staircase=True) decays in steps, Keras' ExponentialDecay "
+          "defaults to staircase=False (and the other way round)",
+          "keras.optimizers.schedules.ExponentialDecay's documentation"),
+    Cause("schedule_offset", "schedule",
+          "a schedule one step off: the port reads its step counter after the update where the original reads "
+          "the global step before it (or the other way round)",
+          "the order of optimizer.iterations and tf.train.get_global_step increments"),
+    Cause("bn_momentum", "moving statistics",
+          "batch-norm momentum: slim's decay (batch_norm 0.999, resnet_arg_scope 0.997) against Keras' "
+          "BatchNormalization momentum 0.99",
+          "tf_slim batch_norm and keras BatchNormalization signatures"),
+    Cause("bessel", "moving statistics",
+          "batch-norm moving variance: TF1's fused batch norm moves it toward the unbiased batch variance "
+          "(n / (n - 1)), Keras 3's BatchNormalization toward the biased one",
+          "tensorflow/tensorflow#55545"),
+    Cause("replica_statistics", "moving statistics",
+          "batch-norm statistics under MirroredStrategy: Keras 3 keeps the moving statistics per replica "
+          "(aggregation NONE), so each copy moves with its own replica's rows and replica 0's is the one read",
+          "keras-team/keras BatchNormalization under tf.distribute; the towers update one shared variable"),
+    Cause("ema_warmup", "averages",
+          "moving-average warm-up: tf.train.ExponentialMovingAverage(decay, num_updates=step) averages at "
+          "min(decay, (1 + step) / (10 + step)); a port without it averages at decay from the first step",
+          "tensorflow/tensorflow#27392"),
+)}
+
+
+def likely(key: str, what: str, error: float, tolerance: float) -> str:
+    """The report's cause line for a catalogue entry under which the difference vanished."""
+    return (f"likely cause [{key}]: {what}: the difference then vanishes ({error:.3g} within {tolerance:.3g}). "
+            f"{CATALOGUE[key].title[0].upper()}{CATALOGUE[key].title[1:]}.")
+
+
+def unexplained(tried: Sequence[str]) -> str:
+    return UNEXPLAINED + (f" (tried: {', '.join(dict.fromkeys(tried))})" if tried else
+                          " (no catalogue entry applies here)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers: counterfactuals on the port's own layer
+
+@dataclasses.dataclass
+class Trial:
+    """One counterfactual on a layer: what it changes, how to make and undo the change."""
+    key: str
+    what: str
+    apply: Callable[[], None]
+    undo: Callable[[], None]
+
+
+def set_attr(obj: Any, name: str, value: Any) -> tuple[Callable[[], None], Callable[[], None]]:
+    old = getattr(obj, name)
+    return (lambda: setattr(obj, name, value)), (lambda: setattr(obj, name, old))
+
+
+def sublayers(layer: Any) -> list[Any]:
+    from modern import keras_adapter
+    return [layer] + (keras_adapter.all_layers(layer) if hasattr(layer, "_flatten_layers") else [])
+
+
+def layer_trials(run: LayerRun, e: Layer) -> Iterator[Trial]:
+    """The layer counterfactuals that apply to `e`: each padding flipped; each batch norm's epsilon set
+    to the one the legacy scope's batch-norm ops use."""
+    import keras
+    for sub in sublayers(e.layer):
+        padding = getattr(sub, "padding", None)
+        if padding in ("same", "valid"):
+            other = "valid" if padding == "same" else "same"
+            yield Trial("padding", f"{sub.name} with padding={other!r} (the port has {padding!r})",
+                        *set_attr(sub, "padding", other))
+    epsilons = sorted(set(run.epsilons.get(e.name, ())))
+    norms = [sub for sub in sublayers(e.layer) if isinstance(sub, keras.layers.BatchNormalization)]
+    if len(epsilons) == 1 and norms and any(abs(n.epsilon - epsilons[0]) > 1e-12 for n in norms):
+        eps = epsilons[0]
+        changes = [set_attr(n, "epsilon", eps) for n in norms]
+        ports = sorted({float(n.epsilon) for n in norms})
+
+        def apply_all() -> None:
+            for change, _ in changes:
+                change()
+
+        def undo_all() -> None:
+            for _, undo in changes:
+                undo()
+        yield Trial("bn_epsilon", f"its batch norm's epsilon {eps:g} (the port has {', '.join(map(str, ports))})",
+                    apply_all, undo_all)
+
+
+def explain_layer(run: LayerRun, e: Layer, tolerance: float) -> str:
+    """The first layer counterfactual under which `e`, on the legacy input, meets `tolerance`."""
+    from compare.diagnosis import isolated_error
+    tried = []
+    for trial in layer_trials(run, e):
+        tried.append(trial.key)
+        trial.apply()
+        try:
+            error = isolated_error(run, e)
+        except Exception:  # noqa: BLE001 - a change the layer cannot run with (shapes that no longer fit) explains nothing
+            error = float("inf")
+        finally:
+            trial.undo()
+        if error <= tolerance:
+            return likely(trial.key, trial.what, error, tolerance)
+    return unexplained(tried)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients: the port's regulariser term rescaled
+
+Judge = Callable[[dict[str, np.ndarray]], tuple[bool, float, float]]
+
+
+def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[str, np.ndarray],
+                      weights: dict[str, np.ndarray], judge: Judge) -> str:
+    """The regulariser-scale counterfactual: the port's gradient with its regulariser's term k c_m 2w
+    taken out and the original's c_l 2w (where the original's loss adds it) put in, for k the ways a
+    port weighs its model.losses (once, once per replica, not at all).
+    judge: candidate modern gradients -> (all within tolerance, worst error, its tolerance)."""
+    from compare.checks import structure
+    tried = []
+    reg_l, added = structure.legacy_regularisers(sides)
+    reg_m, _ = structure.modern_regularisers(sides)
+    names = [n for n in modern if n in reg_l or n in reg_m]
+    if names:
+        tried.append("regulariser_scale")
+        n_rep = sides.towers
+        for k, how in ((1.0, "once"), (float(n_rep), f"once per replica ({n_rep})"), (0.0, "not at all")):
+            candidate = dict(modern)
+            for n in names:
+                w = np.asarray(weights[n], np.float64)
+                term_l = 2 * reg_l[n] * w if n in added else 0.0
+                candidate[n] = np.asarray(modern[n], np.float64) - k * 2 * reg_m.get(n, 0.0) * w + term_l
+            ok, worst, tol = judge(candidate)
+            if ok:
+                scale = ", ".join(sorted({f"{reg_m.get(n, 0.0):g} against {reg_l.get(n, 0.0) if n in added else 0:g}"
+                                          for n in names}))
+                return likely("regulariser_scale", f"the port's L2 coefficient{'s' if len(names) > 1 else ''} "
+                                                   f"{scale} (c in c sum(w^2)), its model.losses added {how}, "
+                                                   f"replaced by the original's term", worst, tol)
+    return unexplained(tried)
+
+
+def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, np.ndarray], tolerance: float) -> str:
+    """The regulariser-scale counterfactual on a loss whose layers all agree: the port's loss with its
+    regularisers' sum k sum_v c_m sum(w^2) taken out and the original's put in."""
+    from compare.checks import structure
+    reg_l, added = structure.legacy_regularisers(sides)
+    reg_m, _ = structure.modern_regularisers(sides)
+    if not reg_l and not reg_m:
+        return unexplained([])
+    squares = {n: float(np.sum(np.square(np.asarray(weights[n], np.float64)))) for n in set(reg_l) | set(reg_m)}
+    term_m = sum(c * squares[n] for n, c in reg_m.items())
+    term_l = sum(c * squares[n] for n, c in reg_l.items() if n in added)
+    for k, how in ((1.0, "once"), (float(sides.towers), f"once per replica ({sides.towers})"), (0.0, "not at all")):
+        error = abs(modern - k * term_m + term_l - legacy) / max(abs(legacy), 1e-30)
+        if error <= tolerance:
+            return likely("regulariser_scale", f"the port's regularisers (sum {term_m:.4g}) added {how} to its loss, "
+                                               f"the original's ({term_l:.4g}) in their place", error, tolerance)
+    return unexplained(["regulariser_scale"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizers: the original's rule with a known change, against what the port's update did
+
+def optimizer_variants(legacy: optimizers.Rule, modern: optimizers.Rule) -> Iterator[tuple[str, str, optimizers.Rule]]:
+    """(entry, what, the legacy rule with the change) for every optimizer entry that applies."""
+    if "epsilon" in legacy.hyper():
+        candidates = [1e-7, 1e-8, 1e-10, 1.0] + ([modern.epsilon] if modern.known and modern.epsilon else [])
+        for eps in dict.fromkeys(candidates):
+            if eps != legacy.epsilon:
+                yield ("epsilon", f"epsilon {eps:g} where the original's is {legacy.epsilon:g}",
+                       dataclasses.replace(legacy, epsilon=eps))
+    if legacy.rule == "momentum" and legacy.side == "tf1":
+        yield ("momentum_parameterisation", "Keras' SGD momentum rule (the rate folded into the velocity) with the "
+                                            "original's momentum",
+               optimizers.Rule("momentum", "keras", momentum=legacy.momentum, nesterov=legacy.nesterov))
+    if legacy.rule in ("rmsprop", "centered_rmsprop"):
+        yield ("epsilon_placement", "epsilon outside the square root, sqrt(ms) + eps",
+               dataclasses.replace(legacy, epsilon_outside=True))
+
+
+def explain_optimizer(sides: Sides, r: Any) -> str:
+    """The optimizer entries at restart step `r` (compare.checks.steps.RestartStep): the original's rule
+    with the entry's change, from the state the step started from on the legacy gradient at the legacy
+    rate, against the port's own update of the same (r.port_weights)."""
+    from compare.checks.steps import change_error, rate
+    legacy, modern = sides.legacy, sides.modern
+    if not legacy.rule.known:
+        return unexplained([]) + f"; the original's optimizer ({legacy.rule.describe()}) is a rule the harness " \
+                                 f"does not know"
+    tol = sides.tol.optimizer.rel_l2
+    lr = rate(r.legacy)
+    b1, b2 = legacy.rule.beta1, legacy.rule.beta2
+    powers = (float(np.float32(b1) ** (r.step + 1)), float(np.float32(b2) ** (r.step + 1)))
+
+    def worst_for(rule: optimizers.Rule, at: float) -> float:
+        worst = 0.0
+        for n in legacy.trainable:
+            slots = optimizers.modern_slots_from_legacy(rule, r.before.slots[n], r.lr_state)
+            before = dict(slots, w=r.before.weights[n])
+            predicted = optimizers.predict(rule, before, r.legacy.gradients[n], at, powers)["w"]
+            worst = max(worst, change_error(n, r.before.weights[n], r.port_weights[n], predicted, tol).rel_l2)
+        return worst
+    port_lr = r.modern.lr
+    if port_lr is not None and np.float32(port_lr) != np.float32(lr) and worst_for(legacy.rule, port_lr) <= tol:
+        return (f"the port's update is the original's rule at the port's rate {port_lr:g} (the original's {lr:g}): "
+                + explain_schedule(sides, [r.step]))
+    tried = []
+    for key, what, variant in optimizer_variants(legacy.rule, modern.rule):
+        tried.append(key)
+        worst, differs = 0.0, 0.0
+        for n in legacy.trainable:
+            before = dict(optimizers.modern_slots_from_legacy(variant, r.before.slots[n], r.lr_state),
+                          w=r.before.weights[n])
+            predicted = optimizers.predict(variant, before, r.legacy.gradients[n], lr, powers)["w"]
+            worst = max(worst, change_error(n, r.before.weights[n], r.port_weights[n], predicted, tol).rel_l2)
+            # The change must make a difference here: against the original's update, not only the port's.
+            differs = max(differs, change_error(n, r.before.weights[n], predicted, r.legacy_after.weights[n],
+                                                tol).rel_l2)
+            if worst > tol:
+                break
+        if worst <= tol and differs > tol:
+            return likely(key, f"the port's update is the original's rule with {what} (step {r.step}, every "
+                               f"variable)", worst, tol)
+    return unexplained(tried)
+
+
+def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
+    """The optimizer entries on the port's own trajectory: the port trained freely from `start` for a few
+    steps, its updates (from its own weights, on its own gradients, at its own rates) predicted by the
+    original's rule carried along, and by that rule with each entry's change.  An entry explains the
+    trajectory when its prediction holds at every step and the original's rule does not (momentum
+    under a rate that changes: the restart steps, which continue the legacy state exactly, cannot see it)."""
+    from compare.checks.steps import change_error
+    legacy, modern = sides.legacy, sides.modern
+    if not legacy.rule.known:
+        return unexplained([])
+    tol = sides.tol.optimizer.rel_l2
+    names = list(legacy.trainable)
+    lr0 = sides.set_both(start)
+    record = []  # (weights before, gradients, rate, weights after) per step
+    for k in range(min(steps, 4)):
+        before = modern.weights(names)
+        out = modern.step(sides.batch(seed=200 + k), before=modern.state())
+        record.append((before, out.gradients, float(out.lr or 0.0), modern.weights(names)))
+
+    def worst(rule: optimizers.Rule) -> float:
+        state = {n: dict(optimizers.modern_slots_from_legacy(rule, start.slots[n], lr0), w=start.weights[n])
+                 for n in names}
+        b1, b2 = rule.beta1, rule.beta2
+        error = 0.0
+        for k, (w_before, grads, lr, w_after) in enumerate(record):
+            t = start.step + k + 1
+            powers = (float(np.float32(b1) ** t), float(np.float32(b2) ** t))
+            for n in names:
+                state[n]["w"] = np.asarray(w_before[n], np.float64)  # from the port's own weights
+                state[n] = optimizers.predict(rule, state[n], grads[n], lr, powers)
+                error = max(error, change_error(n, w_before[n], w_after[n], state[n]["w"], tol).rel_l2)
+        return error
+    if worst(legacy.rule) <= tol:
+        steps_run = [start.step + k for k in range(len(record))]
+        if any(np.float32(lr) != np.float32(legacy.learning_rate_at(s)) for s, (_, _, lr, _) in zip(steps_run, record)):
+            return explain_schedule(sides, steps_run)  # the rule holds; the rates it was given do not
+        return unexplained([]) + "; the port's own trajectory follows the original's rule at the original's rates"
+    tried = []
+    for key, what, variant in optimizer_variants(legacy.rule, modern.rule):
+        tried.append(key)
+        error = worst(variant)
+        if error <= tol:
+            return likely(key, f"the port's own updates over {len(record)} free steps are the original's rule with "
+                               f"{what}, not the original's rule", error, tol)
+    return unexplained(tried)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules: the port's schedule with a known change, against the original's
+
+def explain_schedule(sides: Sides, steps: Sequence[int]) -> str:
+    """The schedule entries: the port's own schedule object with `staircase` flipped, and read one
+    step off, against the legacy rate at `steps`."""
+    from compare.checks.steps import modern_rate_at
+    legacy, modern = sides.legacy, sides.modern
+    want = {s: np.float32(legacy.learning_rate_at(s)) for s in steps}
+    tried = []
+
+    def worst(rate_at: Callable[[int], float]) -> float:
+        return max(abs(float(np.float32(rate_at(s))) - float(w)) / max(abs(float(w)), 1e-30) for s, w in want.items())
+    schedule: Any = getattr(modern.optimizer, "_learning_rate", None)
+    if hasattr(schedule, "staircase"):
+        tried.append("staircase")
+        old = schedule.staircase
+        schedule.staircase = not old
+        try:
+            error = worst(lambda s: modern_rate_at(modern, s))
+        finally:
+            schedule.staircase = old
+        if error <= 4 * EPS32:
+            return likely("staircase", f"the port's schedule with staircase={not old}", error, 4 * EPS32)
+    tried.append("schedule_offset")
+    for shift in (-1, 1):
+        def shifted(s: int, shift: int = shift) -> float:
+            return modern_rate_at(modern, s + shift) if s + shift >= 0 else float(want[s])
+        error = worst(shifted)
+        if error <= 4 * EPS32:
+            return likely("schedule_offset", "the port's schedule runs one step behind (its rate at step s + 1 is the "
+                                             "original's at s)" if shift > 0 else
+                          "the port's schedule runs one step ahead (its rate at step s - 1 is the original's at s)",
+                          error, 4 * EPS32)
+    return unexplained(tried)
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving statistics and moving averages: the modern update predicted with known changes
+
+@dataclasses.dataclass(frozen=True)
+class MovingVariant:
+    """How the port might move a batch-norm statistic: at its own layer's momentum (not the legacy
+    decay), toward the biased variance, toward replica 0's statistics."""
+    momentum: bool = False
+    biased: bool = False
+    replica_zero: bool = False
+
+    def keys(self) -> list[str]:
+        return (["bn_momentum"] if self.momentum else []) + (["bessel"] if self.biased else []) \
+            + (["replica_statistics"] if self.replica_zero else [])
+
+
+def moving_variants(momenta_differ: bool, towers: int) -> list[MovingVariant]:
+    """Every combination of the moving-statistics entries that applies (the plain prediction excluded),
+    fewest changes first."""
+    out = []
+    for momentum, biased, zero in itertools.product((False, True) if momenta_differ else (False,), (False, True),
+                                                    (False, True)):
+        if zero and towers < 2:
+            continue
+        variant = MovingVariant(momentum, biased, zero)
+        if variant.keys():
+            out.append(variant)
+    return sorted(out, key=lambda v: len(v.keys()))
+
+
+def describe_moving(variant: MovingVariant, momenta: Sequence[float]) -> str:
+    parts = []
+    if variant.momentum:
+        parts.append(f"momentum {', '.join(f'{m:g}' for m in sorted(set(momenta)))} (its layers' own)")
+    if variant.biased:
+        parts.append("the biased batch variance")
+    if variant.replica_zero:
+        parts.append("replica 0's statistics only")
+    return "the port's update with " + " and ".join(parts)
+
+
+def explain_moving(judge: Callable[[MovingVariant], tuple[bool, float, float]], momenta: Sequence[float],
+                   towers: int) -> str:
+    """The first combination of moving-statistics entries whose prediction the port's updates meet.
+    judge: a variant -> (every modern update within tolerance of that prediction, worst, tolerance);
+    momenta: the port's batch norms' momenta where they differ from the legacy decays."""
+    tried: list[str] = []
+    for variant in moving_variants(bool(momenta), towers):
+        tried += variant.keys()
+        ok, worst, tol = judge(variant)
+        if ok:
+            keys = variant.keys()
+            line = likely(keys[0], describe_moving(variant, momenta), worst, tol)
+            if len(keys) > 1:
+                line += " Together with: " + "; ".join(CATALOGUE[k].title for k in keys[1:]) + "."
+            return line
+    return unexplained(tried)
+
+
+def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, float, float]],
+                     d: Callable[[float], float], far: float) -> str:
+    """The warm-up entry: the port's shadow updates against the legacy ones predicted with the decay
+    without its warm-up (d(far) at every step), or with TF1's warm-up where the legacy has none."""
+    final = d(far)
+    warm_up_in_legacy = d(0) != final
+    variant = (lambda n: final) if warm_up_in_legacy else (lambda n: min(final, (1 + n) / (10 + n)))
+    ok, worst, tol = judge(variant)
+    if ok:
+        what = ("the port averages at the final decay from the first step (no num_updates)" if warm_up_in_legacy
+                else "the port warms up with num_updates where the original does not")
+        return likely("ema_warmup", what, worst, tol)
+    return unexplained(["ema_warmup"])
+
+
+def explain_dropout(kept: float, rate_legacy: float, sigma: float, retry: Callable[[], float]) -> str:
+    """The keep_prob entry: the port keeps `kept` of the units; with its Dropout's rate set to
+    1 - rate, `retry()` gives the fraction it then keeps, against the legacy 1 - rate_legacy."""
+    if abs(kept - rate_legacy) > 5 * sigma:
+        return unexplained(["keep_prob"])
+    again = retry()
+    error = abs(again - (1 - rate_legacy))
+    if error <= 5 * sigma:
+        return likely("keep_prob", f"the port's Dropout given the keep probability as its rate; with rate "
+                                   f"{rate_legacy:g} it keeps {again:.4f}", error, 5 * sigma)
+    return unexplained(["keep_prob"])
