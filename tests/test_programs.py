@@ -2,6 +2,10 @@
 their roles, a module that does not is refused by name, and a third program written the same way is
 judged by the same checks (`compare/run.py --program ROLE=MODULE`).
 """
+import json
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -10,7 +14,7 @@ import pytest
 from compare import harness, programs
 from compare.pairs import mnist_multi_gpu as mnist_pair
 from compare.programs import Programs
-from conftest import run_program
+from conftest import ROOT, run_program
 from legacy import mnist_multi_gpu as legacy_mnist
 from modern import mnist_multi_gpu
 
@@ -83,3 +87,36 @@ def test_command_line_refuses_a_program_it_cannot_judge():
     assert done.returncode == 2 and "cannot import it" in done.stderr, done.stderr[-2000:]
     done = run_program(["compare/run.py", "--model", "mnist", "--program", "modern_mnist"])
     assert done.returncode == 2 and "expected ROLE=MODULE" in done.stderr, done.stderr[-2000:]
+
+
+PLANTED = '''"""The modern MNIST trainer, its decay made staircase (the original's is continuous)."""
+import keras
+
+from modern import mnist_multi_gpu
+
+globals().update({k: v for k, v in vars(mnist_multi_gpu).items() if not k.startswith("__")})
+
+
+def make_optimizer(learning_rate_base=0.001, decay_steps=60000 / 100, learning_rate_decay=0.99):
+    schedule = keras.optimizers.schedules.ExponentialDecay(learning_rate_base, decay_steps, learning_rate_decay,
+                                                           staircase=True)
+    return keras.optimizers.SGD(learning_rate=schedule)
+'''
+
+
+def test_command_line_fails_a_program_with_a_staircase_decay_in_the_lr_checks_and_names_it(tmp_path):
+    """As a user judges a port of their own: `compare/run.py --program modern_mnist=MODULE`, the module
+    a file beside no harness code, its own make_optimizer staircase where the original decays
+    continuously.  The rate checks FAIL and say why; the exit status is 1; no traceback."""
+    (tmp_path / "staircase_mnist.py").write_text(PLANTED)
+    report = tmp_path / "parity.json"
+    done = subprocess.run([sys.executable, "compare/run.py", "--model", "mnist", "--quick", "--only", "steps",
+                           "--program", "modern_mnist=staircase_mnist", "--report", str(report)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    failed = sorted(name for name, r in results.items() if r["status"] == "FAIL")
+    assert "original: lr schedule" in failed and "deviation: lr schedule" in failed, failed
+    assert not [name for name in failed if "lr schedule" not in name and "side by side" not in name], failed
+    assert results["original: lr schedule"]["diagnosis"]["cause"].startswith("likely cause [staircase]")
