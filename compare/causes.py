@@ -128,8 +128,10 @@ def set_attr(obj: Any, name: str, value: Any) -> tuple[Callable[[], None], Calla
 
 
 def sublayers(layer: Any) -> list[Any]:
+    import keras
+
     from modern import keras_adapter
-    return [layer] + (keras_adapter.all_layers(layer) if hasattr(layer, "_flatten_layers") else [])
+    return [layer] + (keras_adapter.all_layers(layer) if isinstance(layer, keras.layers.Layer) else [])
 
 
 def layer_trials(run: LayerRun, e: Layer) -> Iterator[Trial]:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from compare import tf1_graph
+from modern import keras_adapter
 from compare.report import EPS32, Diagnosis, Part, Result, TensorError, tensor_error
 from compare.sides import Sides
 
@@ -65,11 +66,6 @@ class Layer:
     why: str = ""                 # why no scope, where none
 
 
-def direct_layers(model: Any) -> list[Any]:
-    """The model's own sublayers (a block of layers counts as one).  Private in Keras 3."""
-    return list(model._flatten_layers(include_self=False, recursive=False))
-
-
 def record_layers(sides: Sides, x: np.ndarray, training: bool) -> list[Layer]:
     """The model's direct sublayers in the order one eager call of the model on `x` runs them, each
     with the input and output of its first call (layers the call does not run are left out)."""
@@ -77,7 +73,7 @@ def record_layers(sides: Sides, x: np.ndarray, training: bool) -> list[Layer]:
     by_id = {id(v): n for n, v in modern.names.items()}
     order: list[Layer] = []
     patched = []
-    for layer in direct_layers(modern.model):
+    for layer in keras_adapter.all_layers(modern.model, recursive=False):
         original = layer.call
         entry = Layer(layer, layer.name, [by_id[id(v)] for v in layer.weights if id(v) in by_id])
 

@@ -16,7 +16,7 @@ the legacy towers get the same masks for the same rows through their dropout noi
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import keras
 import numpy as np
@@ -48,7 +48,7 @@ class ModernRun:
         self.rule = optimizers.modern_rule(self.optimizer)
         by_id = {id(v): n for n, v in self.names.items()}
         self.trainable = [by_id.get(id(v)) for v in self.model.trainable_variables]
-        self.slots = {n: optimizer_slots(self.optimizer, self.names[n], self.model.trainable_variables)
+        self.slots = {n: keras_adapter.optimizer_slots(self.optimizer, self.names[n], self.model.trainable_variables)
                       for n in legacy.trainable}
         layers = keras_adapter.all_layers(self.model)
         self.dropouts = [layer for layer in layers if isinstance(layer, keras.layers.Dropout)]
@@ -73,7 +73,7 @@ class ModernRun:
         it does itself) wrapped, before any step is traced, to copy it into a variable of its own.
         Returns (the copies in the optimizer's order, a count of the copies made, their TF1 names)."""
         optimizer = self.optimizer
-        variables = list(optimizer._trainable_variables)  # private: the optimizer's own order
+        variables = keras_adapter.optimizer_order(optimizer)
         by_id = {id(v): n for n, v in self.names.items()}
         with tf.init_scope():
             taps = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
@@ -81,7 +81,7 @@ class ModernRun:
         own = optimizer.__dict__.get("update_step")  # set on the instance before the harness came, if any
 
         def update_step(gradient: Any, variable: Any, learning_rate: Any) -> Any:
-            index = optimizer._get_variable_index(variable)
+            index = keras_adapter.variable_index(optimizer, variable)
             taps[index].assign(tf.cast(gradient, taps[index].dtype))
             tapped.assign_add(1)
             # The class's update_step looked up when called (a change to the class after this is seen).
@@ -130,9 +130,7 @@ class ModernRun:
 
     def restore_snapshot(self, snapshot: list[tuple[Any, list[np.ndarray]]]) -> None:
         for variable, copies in snapshot:
-            inner = variable.value if isinstance(variable, keras.Variable) else variable
-            values = getattr(inner, "values", None)
-            for target, value in zip(values or [inner], copies):
+            for target, value in zip(replica_variables(variable), copies):
                 target.assign(value)
 
     def state(self) -> State:
@@ -262,37 +260,20 @@ class ModernRun:
         """Nothing to release: the model lives as long as the process."""
 
 
-def optimizer_slots(optimizer: Any, variable: Any, variables: Sequence[Any]) -> dict[str, Any]:
-    """{slot name: variable} for one model variable of `variables`, for any Keras 3 optimizer (a user's
-    own subclass included): every optimizer variable `add_variable_from_reference` made from it, by the
-    name it was given (Adam: 'momentum', 'velocity'; SGD with momentum: 'momentum'; RMSprop:
-    'velocity', 'momentum', 'average_gradient'; ...).
-
-    Keras 3 names such a variable `{the model variable's path, '/' as '_'}_{name}`
-    (BaseOptimizer.add_variable_from_reference); of the model variables whose path prefixes it, the
-    longest is its own (`dense_1_kernel_m` belongs to `dense_1/kernel`, not to `dense/1_kernel`).
-    """
-    prefixes = [v.path.replace("/", "_") + "_" for v in variables]
-    own = variable.path.replace("/", "_") + "_"
-    slots = {}
-    for slot in optimizer.variables:
-        name = slot.name
-        if name.startswith(own) and max((p for p in prefixes if name.startswith(p)), key=len, default=own) == own:
-            slots[name[len(own):]] = slot
-    return slots
+def replica_variables(variable: Any) -> list[Any]:
+    """Every replica's copy of a (Keras or tf) variable, as tf variables (one where not mirrored)."""
+    inner = variable.value if isinstance(variable, keras.Variable) else variable
+    return list(getattr(inner, "values", None) or [inner])
 
 
 def replica_copies(variable: Any) -> list[np.ndarray]:
     """Every replica's copy of a (Keras or tf) variable, as numpy."""
-    inner = variable.value if isinstance(variable, keras.Variable) else variable
-    values = getattr(inner, "values", None)
-    return [v.numpy() for v in values] if values else [inner.numpy()]
+    return [v.numpy() for v in replica_variables(variable)]
 
 
 def assign_everywhere(target: Any, value: Any) -> None:
     """Assign a value to every replica's copy of a (Keras or tf) variable, one host copy for all."""
-    variable = target.value if isinstance(target, keras.Variable) else target
-    copies = getattr(variable, "values", None) or (variable,)
+    copies = replica_variables(target)
     value = tf.constant(value) if len(copies) > 1 else value
     for copy in copies:
         with tf.device(copy.device):

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from compare import optimizers, tf1_graph
-from compare.modern_run import optimizer_slots
+from modern.keras_adapter import optimizer_slots
 from compare.report import STATIC
 
 tf1 = tf.compat.v1

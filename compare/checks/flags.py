@@ -262,13 +262,13 @@ def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
     state = sides.start.replace(step=10 ** 6)
     if state.shadows:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
-    batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one tower's (or replica's) rows
     if isinstance(run, LegacyRun):
         batch = one_tower_batch(sides, run, seed=12)
         run.restore(state)
         outcome = run.step(batch, fixed(sides, run, batch))
         shadows = run.sess.run(dict(run.shadows)) if run.shadows else {}
     else:
+        batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one replica's rows
         run.restore(state, sides.legacy.learning_rate_at(state.step))
         outcome = run.step(batch, before=state)
         shadows = run.shadow_values()

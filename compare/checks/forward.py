@@ -149,7 +149,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
     batch = sides.batch(seed=4)
     feed = legacy.feed(batch, True).feed_dict
     errors, notes, ok = [], [], True
-    kept_m: dict[int, tuple[float, float]] = {}  # dropout k -> (the port's kept fraction, the legacy rate)
+    kept_m: dict[int, tuple[float, float, float]] = {}  # dropout k -> the port's kept fraction, legacy rate, sigma
     by_k: dict[int, list[tf1_graph.Dropout]] = {}
     for d in legacy.dropouts:
         by_k.setdefault(legacy.dropout_index(d), []).append(d)
@@ -172,7 +172,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
             ok &= side_ok
             notes.append(f"{side} {k}: kept {np.round(kept, 4).tolist()}")
             if side == "modern":
-                kept_m[k] = (float(np.mean(kept)), rate)
+                kept_m[k] = (float(np.mean(kept)), rate, sigma)
     sampling = Tolerance("sampling", 5 * sigma / kp, f"kept fractions within 5 sigma of binomial noise "
                                                       f"({5 * sigma:.1e} over {ones.size} units), masks agreeing "
                                                       f"within 5 sigma of kp^2 + (1 - kp)^2, kept values 1/kp "
@@ -180,7 +180,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
     result = judge(name, sides.pair.name, errors, sampling, ok=ok,
                    note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
 
-    return diagnosis.guarded(result, lambda: _localise_dropout(sides, by_k, kept_m, sigma, units))
+    return diagnosis.guarded(result, lambda: _localise_dropout(sides, by_k, kept_m, units))
 
 
 def _mask_statistics(label: str, outs: Sequence[np.ndarray], kp: float
@@ -206,11 +206,11 @@ def _mask_statistics(label: str, outs: Sequence[np.ndarray], kp: float
 
 
 def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
-                      kept_m: dict[int, tuple[float, float]], sigma: float, units: int) -> diagnosis.Diagnosis:
+                      kept_m: dict[int, tuple[float, float, float]], units: int) -> diagnosis.Diagnosis:
     """The first dropout whose kept fraction parts from the legacy's, and whether the port reading
     the rate as a keep probability (or the reverse) explains it."""
     modern = sides.modern
-    for k, (kept, rate_k) in sorted(kept_m.items()):
+    for k, (kept, rate_k, sigma) in sorted(kept_m.items()):
         if abs(kept - (1 - rate_k)) <= 5 * sigma:
             continue
         layer = modern.dropouts[k]
