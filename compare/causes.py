@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+import keras
 import numpy as np
 
 from compare import optimizers
+from compare.diagnosis import Layer, LayerRun, isolated_error
+from compare.measures import change_error, legacy_regularisers, modern_rate_at, modern_regularisers, rate
 from compare.report import EPS32
-
-if TYPE_CHECKING:
-    from compare.diagnosis import Layer, LayerRun
-    from compare.sides import Sides
+from compare.sides import Sides
+from modern import keras_adapter
 
 UNEXPLAINED = "no known cause explains it"
 
@@ -128,16 +129,12 @@ def set_attr(obj: Any, name: str, value: Any) -> tuple[Callable[[], None], Calla
 
 
 def sublayers(layer: Any) -> list[Any]:
-    import keras
-
-    from modern import keras_adapter
     return [layer] + (keras_adapter.all_layers(layer) if isinstance(layer, keras.layers.Layer) else [])
 
 
 def layer_trials(run: LayerRun, e: Layer) -> Iterator[Trial]:
     """The layer counterfactuals that apply to `e`: each padding flipped; each batch norm's epsilon set
     to the one the legacy scope's batch-norm ops use."""
-    import keras
     for sub in sublayers(e.layer):
         padding = getattr(sub, "padding", None)
         if padding in ("same", "valid"):
@@ -164,7 +161,6 @@ def layer_trials(run: LayerRun, e: Layer) -> Iterator[Trial]:
 
 def explain_layer(run: LayerRun, e: Layer, tolerance: float) -> str:
     """The first layer counterfactual under which `e`, on the legacy input, meets `tolerance`."""
-    from compare.diagnosis import isolated_error
     tried = []
     for trial in layer_trials(run, e):
         tried.append(trial.key)
@@ -192,10 +188,9 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
     taken out and the original's c_l 2w (where the original's loss adds it) put in, for k the ways a
     port weighs its model.losses (once, once per replica, not at all).
     judge: candidate modern gradients -> (all within tolerance, worst error, its tolerance)."""
-    from compare.checks import structure
     tried = []
-    reg_l, added = structure.legacy_regularisers(sides)
-    reg_m, _ = structure.modern_regularisers(sides)
+    reg_l, added = legacy_regularisers(sides)
+    reg_m, _ = modern_regularisers(sides)
     names = [n for n in modern if n in reg_l or n in reg_m]
     if names:
         tried.append("regulariser_scale")
@@ -219,9 +214,8 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
 def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, np.ndarray], tolerance: float) -> str:
     """The regulariser-scale counterfactual on a loss whose layers all agree: the port's loss with its
     regularisers' sum k sum_v c_m sum(w^2) taken out and the original's put in."""
-    from compare.checks import structure
-    reg_l, added = structure.legacy_regularisers(sides)
-    reg_m, _ = structure.modern_regularisers(sides)
+    reg_l, added = legacy_regularisers(sides)
+    reg_m, _ = modern_regularisers(sides)
     if not reg_l and not reg_m:
         return unexplained([])
     squares = {n: float(np.sum(np.square(np.asarray(weights[n], np.float64)))) for n in set(reg_l) | set(reg_m)}
@@ -259,7 +253,6 @@ def explain_optimizer(sides: Sides, r: Any) -> str:
     """The optimizer entries at restart step `r` (compare.checks.steps.RestartStep): the original's rule
     with the entry's change, from the state the step started from on the legacy gradient at the legacy
     rate, against the port's own update of the same (r.port_weights)."""
-    from compare.checks.steps import change_error, rate
     legacy, modern = sides.legacy, sides.modern
     if not legacy.rule.known:
         return unexplained([]) + f"; the original's optimizer ({legacy.rule.describe()}) is a rule the harness " \
@@ -307,7 +300,6 @@ def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
     original's rule carried along, and by that rule with each entry's change.  An entry explains the
     trajectory when its prediction holds at every step and the original's rule does not (momentum
     under a rate that changes: the restart steps, which continue the legacy state exactly, cannot see it)."""
-    from compare.checks.steps import change_error
     legacy, modern = sides.legacy, sides.modern
     if not legacy.rule.known:
         return unexplained([])
@@ -354,7 +346,6 @@ def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
 def explain_schedule(sides: Sides, steps: Sequence[int]) -> str:
     """The schedule entries: the port's own schedule object with `staircase` flipped, and read one
     step off, against the legacy rate at `steps`."""
-    from compare.checks.steps import modern_rate_at
     legacy, modern = sides.legacy, sides.modern
     want = {s: np.float32(legacy.learning_rate_at(s)) for s in steps}
     tried = []

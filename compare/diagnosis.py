@@ -30,11 +30,13 @@ import dataclasses
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from compare import tf1_graph
 from modern import keras_adapter
-from compare.report import EPS32, Diagnosis, Part, Result, TensorError, tensor_error
+from compare.report import EPS32, MARGIN, Diagnosis, Part, Result, TensorError, tensor_error
 from compare.sides import Sides
 
 
@@ -210,7 +212,6 @@ class LayerRun:
 def layer_values(sides: Sides, batch: Any, training: bool) -> LayerRun:
     """Record the model's layers on tower 0's rows, pair them with TF1 scopes, and read each scope's
     input and output in tower 0 from the legacy program on `batch`."""
-    import tensorflow as tf
     legacy = sides.legacy
     fed = legacy.feed(batch, training)
     rows = np.asarray(fed.towers.rows[0], int)
@@ -244,7 +245,6 @@ def layer_values(sides: Sides, batch: Any, training: bool) -> LayerRun:
 
 
 def random_layer(layer: Any, training: bool) -> bool:
-    import keras
     return training and isinstance(layer, keras.layers.Dropout)
 
 
@@ -271,7 +271,6 @@ def isolated_error(run: LayerRun, e: Layer) -> float:
 
 def layer_parts(run: LayerRun) -> list[Part]:
     """Every paired layer's isolated error against its own tolerance, in call order."""
-    from compare.tolerances import MARGIN
     parts = []
     for e in run.layers:
         label = f"{e.name} ({e.scope})" if e.scope else e.name
@@ -303,10 +302,12 @@ def first_parting(parts: Sequence[Part]) -> Optional[int]:
     return None
 
 
-def localise_layers(sides: Sides, batch: Any, training: bool, outside: Optional[Callable[[], str]] = None) -> Diagnosis:
-    """The forward pass, layer by layer (module docstring), with the catalogue's likely cause;
-    `outside`: the catalogue's line where every layer agrees (the loss after them)."""
-    from compare import causes
+def localise_layers(sides: Sides, batch: Any, training: bool,
+                    explain: Optional[Callable[[LayerRun, Layer, float], str]] = None,
+                    outside: Optional[Callable[[], str]] = None) -> Diagnosis:
+    """The forward pass, layer by layer (module docstring).  explain: (the run, the first parting
+    layer, its tolerance) -> the catalogue's line for it (compare.causes.explain_layer); outside: the
+    catalogue's line where every layer agrees (the loss after them); either None: no cause named."""
     state = sides.modern.state_snapshot()
     try:
         run = layer_values(sides, batch, training)
@@ -320,12 +321,13 @@ def localise_layers(sides: Sides, batch: Any, training: bool, outside: Optional[
         if i is None:
             return Diagnosis(f"every one of {paired} paired layers agrees ({mode} mode, each on the legacy "
                              f"input): the difference is outside them (the loss, or a computation between layers)",
-                             outside() if outside is not None else causes.unexplained([]), parts, "layers")
+                             outside() if outside is not None else "", parts, "layers")
         p = parts[i]
         where = (f"first at layer {p.name}, {mode} mode, on the legacy program's input to it: "
                  f"{p.error:.3g} against its tolerance {p.tolerance:.3g}" + (f" ({p.note})" if p.note else "")
                  + f"; the {i} layer(s) before it agree")
-        return Diagnosis(where, causes.explain_layer(run, run.layers[i], p.tolerance), parts, "layers")
+        cause = explain(run, run.layers[i], p.tolerance) if explain is not None else ""
+        return Diagnosis(where, cause, parts, "layers")
     finally:
         sides.modern.restore_snapshot(state)
 
@@ -333,25 +335,25 @@ def localise_layers(sides: Sides, batch: Any, training: bool, outside: Optional[
 # ---------------------------------------------------------------------------------------------
 # Gradients by layer
 
-def localise_gradients(sides: Sides, result: Result, name_of: Callable[[str], Optional[str]],
-                       explain: Callable[[str], str]) -> Diagnosis:
-    """The gradient errors of `result` grouped by layer, from the loss backwards (module docstring).
-    name_of: an error's name -> the TF1 variable it is the gradient of (None: not a gradient);
+def localise_gradients(sides: Sides, result: Result, explain: Callable[[str], str]) -> Diagnosis:
+    """The gradient errors of `result` grouped by layer, from the loss backwards (module docstring):
+    each error by the TF1 variable it is of (`TensorError.variable`; an error of none is no gradient);
     explain: the first parting layer -> the catalogue's line."""
     layers = record_layers(sides, sides.batch(rows=1, seed=5).x, False)
     by_variable: dict[str, str] = {n: e.name for e in layers for n in e.variables}
     tol = result.tolerance.rel_l2
     grouped: dict[str, list[TensorError]] = {}
     for error in result.errors:
-        variable = name_of(error.name)
+        variable = error.variable
         if variable is not None and variable in sides.legacy.trainable:
             grouped.setdefault(by_variable.get(variable, variable.rsplit("/", 1)[0]), []).append(error)
     order = [e.name for e in layers if e.name in grouped] + [k for k in grouped if k not in by_variable.values()]
-    parts = []
+    parts, layer_of_part = [], []
     for layer in reversed(order):
         errors = grouped[layer]
+        layer_of_part.append(layer)
         worst = max(errors, key=lambda e: e.rel_l2 / e.limit(tol) if e.limit(tol) > 0 else e.rel_l2)
-        parts.append(Part(f"{layer} ({name_of(worst.name)})", worst.rel_l2, worst.limit(tol),
+        parts.append(Part(f"{layer} ({worst.variable})", worst.rel_l2, worst.limit(tol),
                           note=f"{len(errors)} variable(s)"))
     i = first_parting(parts)
     if i is None:
@@ -359,4 +361,4 @@ def localise_gradients(sides: Sides, result: Result, name_of: Callable[[str], Op
     p = parts[i]
     where = (f"first at layer {p.name}, from the loss backwards: {p.error:.3g} against {p.tolerance:.3g}; the "
              f"{i} layer(s) nearer the loss agree")
-    return Diagnosis(where, explain(p.name.split(" (")[0]), parts, "gradients by layer")
+    return Diagnosis(where, explain(layer_of_part[i]), parts, "gradients by layer")

@@ -54,6 +54,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from compare import report
 from compare.report import TensorError, judge, tensor_error
 from compare.report import Result
 from records.usage import ArgumentParser, at_least
@@ -311,7 +312,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         train_legacy_towers(os.path.join(args._legacy, "reference"), os.path.join(args._legacy, "cluster"),
                             args._legacy, args.workers, args.steps, args.defect)
         return 0
-    from compare import report
     results = run(args.workers, args.steps, args.seed, defect=args.defect)
     print(report.format_table(results, 0.0))
     for result in results:

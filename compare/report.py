@@ -58,6 +58,29 @@ STATIC = {t.name: t for t in (
 TOLERANCES = {t.name: (t.rel_l2, t.derivation) for t in STATIC.values()}
 
 
+MARGIN = 16  # how far above the measured round-off floors a correct port may land
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerances:
+    """The tolerances of one built pairing, each with its derivation (compare.tolerances derives them).
+
+    model: forward passes, gradients, splits, one training step, moving statistics, evaluation;
+    steps: K free-running steps of a model that is not chaotic; optimizer, schedule: the static ones
+    (STATIC); spread: per gradient, the norm of the legacy program's repeat spread (a floor of that
+    tensor's comparison); tensors: per-tensor tolerances by name, where a tensor has its own (`of(name)`
+    falls back on the model tolerance)."""
+    model: Tolerance
+    steps: Tolerance
+    optimizer: Tolerance = STATIC["optimizer"]
+    schedule: Tolerance = STATIC["schedule"]
+    spread: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    tensors: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+
+    def of(self, name: str) -> Tolerance:
+        return self.tensors.get(name, self.model)
+
+
 def tolerance_of(tolerance: Union[Tolerance, str]) -> Tolerance:
     """A Tolerance, from itself or from a STATIC name."""
     return tolerance if isinstance(tolerance, Tolerance) else STATIC[tolerance]
@@ -66,12 +89,17 @@ def tolerance_of(tolerance: Union[Tolerance, str]) -> Tolerance:
 @dataclasses.dataclass
 class TensorError:
     """One compared tensor's errors; `tolerance`: its own relative-L2 tolerance, where it has one
-    (compare.tolerances.Tolerances.tensors), else the check's."""
+    (Tolerances.tensors), else the check's."""
     name: str
     max_abs: float
     max_rel: float
     rel_l2: float
     tolerance: Optional[float] = None
+    # What it is about, set where it is made (the step localisation reads these, never the name):
+    step: Optional[int] = None       # the global step it was compared at, where a step's
+    variable: Optional[str] = None   # the TF1 variable it is of (its gradient, update or slot), where one
+    slot: Optional[str] = None       # the optimizer slot it is of (TF1's key), where one
+    probe: bool = False              # compared at a probed step, without training (a schedule read)
 
     def limit(self, check: float) -> float:
         return check if self.tolerance is None else self.tolerance
@@ -80,8 +108,10 @@ class TensorError:
         return dataclasses.asdict(self)
 
 
-def tensor_error(name: str, a: Any, b: Any, floor: float = 0.0) -> TensorError:
-    """Errors of `a` against the reference `b` (both array-like, same shape).
+def tensor_error(name: str, a: Any, b: Any, floor: float = 0.0, step: Optional[int] = None,
+                 variable: Optional[str] = None, slot: Optional[str] = None, probe: bool = False) -> TensorError:
+    """Errors of `a` against the reference `b` (both array-like, same shape); `step`, `variable`,
+    `slot` and `probe` say what it is about (fields: nothing reads them back out of the name).
 
     floor: a norm below which `b` is not trusted as the yardstick of rel_l2 (rel_l2 = ||a - b|| /
     max(||b||, floor)).  Gradients use their even share of the whole gradient's norm (see
@@ -92,7 +122,7 @@ def tensor_error(name: str, a: Any, b: Any, floor: float = 0.0) -> TensorError:
     if a.shape != b.shape:
         raise ValueError(f"{name}: shapes differ, {a.shape} vs {b.shape}")
     if not a.size:
-        return TensorError(name, 0.0, 0.0, 0.0)
+        return TensorError(name, 0.0, 0.0, 0.0, step=step, variable=variable, slot=slot, probe=probe)
     # In float64, in as few passes over memory as it takes (these run over 23.5M weights per check).
     with np.errstate(invalid="ignore", over="ignore"):  # Inf - Inf: NaN, caught below
         diff = np.subtract(a, b, out=np.empty(a.shape))  # float64 arrays, 0-d ones included
@@ -102,14 +132,14 @@ def tensor_error(name: str, a: Any, b: Any, floor: float = 0.0) -> TensorError:
         # A NaN or Inf on either side is never agreement (NaN on both sides included: NaN - NaN and
         # Inf - Inf are NaN): a check that predicts a non-finite value tests for it itself (see
         # the split checks).
-        return TensorError(name, math.inf, math.inf, math.inf)
+        return TensorError(name, math.inf, math.inf, math.inf, step=step, variable=variable, slot=slot, probe=probe)
     scale = np.abs(b, out=np.empty(b.shape))
     norm_b = float(np.linalg.norm(scale))
     scale += TINY
     max_abs = float(diff.max())
     max_rel = float(np.divide(diff, scale, out=diff).max())
     rel_l2 = norm_diff / max(norm_b, floor, TINY)
-    return TensorError(name, max_abs, max_rel, rel_l2)
+    return TensorError(name, max_abs, max_rel, rel_l2, step=step, variable=variable, slot=slot, probe=probe)
 
 
 def share_floors(tensors: Mapping[str, Any]) -> dict[str, float]:
@@ -129,6 +159,7 @@ class Part:
     tolerance: float
     inherited: Optional[float] = None
     note: str = ""
+    step: Optional[int] = None  # the global step it is of, where a step's
 
     @property
     def parts(self) -> bool:

@@ -6,7 +6,7 @@
     sides.modern     compare.modern_run.ModernRun: the port's own train step
     sides.start      the common start (fresh weights, moving statistics randomised; or the
                      --checkpoint's), zero slots, step 0
-    sides.tolerances compare.tolerances.Tolerances, derived for this pairing
+    sides.tolerances compare.report.Tolerances, derived for this pairing (compare.tolerances.derive)
 
 Both sides answer the same verbs (compare.state.Run: state, restore, step, predict) and hold the state
 in TF1's names and TF1's parameterisation (`State`); the modern side converts on the way in (Keras'
@@ -26,7 +26,7 @@ from compare.interface import Batch, DataFiles, Pair, Pairing
 from compare.legacy_run import HarnessError, LegacyRun, TowerRows
 from compare.modern_run import ModernRun, check_variable_map
 from compare.state import Masks, ReplicaBatch, State, StepOutcome, replica_rows, row_index, row_key
-from compare.tolerances import Tolerances
+from compare.report import Tolerances
 
 __all__ = ["HarnessError", "Sides", "State", "StepOutcome", "TowerRows", "build", "replica_rows", "row_index",
            "row_key"]

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from compare.optimizers import SLOTS, TF1_OPS
+
 tf1 = tf.compat.v1
 
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
@@ -128,7 +130,6 @@ def optimizer_updates(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]]) -> 
     """{variable name: OptimizerUpdate} for every variable of `grads_and_vars`: its `tf.compat.v1.train`
     optimizer's update op (any of compare.optimizers.TF1_OPS), or, for a variable no such op updates,
     an update of rule "" (its op the first op that assigns to it; no slots)."""
-    from compare.optimizers import SLOTS, TF1_OPS
     by_name = variables_by_name(graph)
     wanted = {v.op.name for _, v in grads_and_vars}
     found: dict[str, OptimizerUpdate] = {}

@@ -30,40 +30,18 @@ agreement; the free-running check measures that chaos.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from compare.interface import Batch
-from compare.report import EPS32, STATIC, Tolerance, tensor_error
+from compare.measures import grad_errors
+from compare.report import EPS32, MARGIN, Tolerance, Tolerances, tensor_error
+from compare.sides import Sides
 from compare.state import Masks
 
-if TYPE_CHECKING:
-    from compare.sides import Sides
-
-MARGIN = 16  # how far above the measured round-off floors a correct port may land
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerances:
-    """The tolerances of one built pairing, each with its derivation.
-
-    model: forward passes, gradients, splits, one training step, moving statistics, evaluation;
-    steps: K free-running steps of a model that is not chaotic; optimizer, schedule: the static ones
-    (compare.report.STATIC); spread: per gradient, the norm of the legacy program's repeat spread
-    (a floor of that tensor's comparison); tensors: per-tensor tolerances by name, where a tensor has
-    its own (`of(name)` falls back on the model tolerance)."""
-    model: Tolerance
-    steps: Tolerance
-    optimizer: Tolerance = STATIC["optimizer"]
-    schedule: Tolerance = STATIC["schedule"]
-    spread: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    tensors: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
-
-    def of(self, name: str) -> Tolerance:
-        return self.tensors.get(name, self.model)
+__all__ = ["MARGIN", "Tolerances", "derive", "fan_in_estimate", "fixed_masks", "row_order_tolerances"]
 
 
 def fan_in_estimate(fan_ins: Sequence[int]) -> float:
@@ -131,7 +109,6 @@ def row_order_tolerances(sides: Sides, batch: Batch, masks: Masks, grads: Mappin
     the rows' order reaches the gradients through the batch statistics, chaotically (a ResNet's
     normalised gradients move by percents), and is no round-off measure; the model tolerance applies,
     which a port meets by computing each replica's statistics over the same rows."""
-    from compare.checks.forward import grad_errors
     again = reordered(sides, batch, masks)
     if again is None or sides.legacy.moving:
         return {}

@@ -70,7 +70,7 @@ class ShadowStep(NamedTuple):
 
 
 def _modern_shadow_errors(step: ShadowStep, names: Sequence[str], d: Callable[[float], float], tol: Tolerance,
-                          label: str = "") -> list[TensorError]:
+                          label: str = "", step_of: Optional[int] = None) -> list[TensorError]:
     """The port's shadow updates of one step against the prediction with decay function `d`.  The
     shadow is stored in float32: its update is a small difference of near-equal numbers, so 2 ulps
     of the shadow per element count as exactly the tolerance."""
@@ -79,14 +79,16 @@ def _modern_shadow_errors(step: ShadowStep, names: Sequence[str], d: Callable[[f
         m0 = step.shadows[n].astype(np.float64)
         predicted = candidates(m0, step.w_before[n], step.w_after[n], step.n, d)["w after, step after"]
         floor = 2 * np.linalg.norm(np.spacing(np.abs(step.shadows[n]))) / tol.rel_l2
-        errors.append(tensor_error(f"{label}modern {n} shadow update", step.s_after[n] - m0, predicted - m0, floor))
+        errors.append(tensor_error(f"{label}modern {n} shadow update", step.s_after[n] - m0, predicted - m0, floor,
+                                   step=step_of, variable=n))
     return errors
 
 
-def _localise_averages(result: Result, steps: Sequence[ShadowStep], names: Sequence[str],
-                       d: Callable[[float], float], tol: Tolerance, regimes: str) -> Result:
-    """The first modern shadow update that parts, and whether another warm-up explains it."""
-    failing = [e for e in result.errors if e.name.split(": ", 1)[-1].startswith("modern") and e.rel_l2 > tol.rel_l2]
+def _localise_averages(result: Result, modern_errors: Sequence[TensorError], steps: Sequence[ShadowStep],
+                       names: Sequence[str], d: Callable[[float], float], tol: Tolerance, regimes: str) -> Result:
+    """The first of the port's shadow updates (`modern_errors`) that parts, and whether another
+    warm-up explains it."""
+    failing = [e for e in modern_errors if e.rel_l2 > tol.rel_l2]
     if not failing:
         return result
 
@@ -113,6 +115,7 @@ def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = Non
     sides.set_both(start)
     names = sorted(legacy.shadows)
     errors: list[TensorError] = []
+    modern_errors: list[TensorError] = []
     gaps: list[float] = []
     seen: dict[str, int] = {}
     modern_steps: list[ShadowStep] = []
@@ -142,13 +145,15 @@ def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = Non
                 best = min(cands, key=lambda c: np.linalg.norm(after_shadows_l[n] - cands[c]))
                 seen[best] = seen.get(best, 0) + 1
             errors.append(tensor_error(f"step {k}: legacy {n} shadow update ({best})", after_shadows_l[n] - s0,
-                                       cands[best] - s0, floor))
-        errors += _modern_shadow_errors(modern_steps[-1], names, d, tol, f"step {k}: ")
+                                       cands[best] - s0, floor, step=k, variable=n))
+        shadows_m = _modern_shadow_errors(modern_steps[-1], names, d, tol, f"step {k}: ", step_of=k)
+        modern_errors += shadows_m
+        errors += shadows_m
     regimes = (f"{half} steps from step 0 (warm-up), {steps - half} from step {late} (past it: decay {d(late):g})"
                if half else f"{steps} steps from step {start.step} (decay {d(start.step):g})")
 
     def localise(result: Result) -> Result:
-        return _localise_averages(result, modern_steps, names, d, tol, regimes)
+        return _localise_averages(result, modern_errors, modern_steps, names, d, tol, regimes)
     if ordered:
         return [localise(judge(name, sides.pair.name, errors, tol,
                                note=f"legacy averages after the update, as the modern program; {regimes}"))]

@@ -17,6 +17,7 @@ from compare.interface import LegacyPipeline
 from compare.legacy_run import LegacyRun, harness_config
 from compare.sides import Sides
 from compare.sides import row_key
+from compare.checks.steps import change_points
 
 tf1 = tf.compat.v1
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray]  # one step's inputs, labels and each row's weight
@@ -144,7 +145,6 @@ def momentum_parameterisation(sides: Sides) -> list[TensorError]:
     legacy, modern = sides.legacy.rule, sides.modern.rule
     if legacy.rule != "momentum" or legacy.side == modern.side:
         return []
-    from compare.checks.steps import change_points
     points = change_points(sides.legacy)
     if points == []:
         return []

@@ -26,8 +26,9 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from compare import optimizers, tf1_graph
-from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
+from compare import common, optimizers, tf1_graph
+from compare.checks.basics import legacy_batches, modern_batches, shuffle_off, tower_dests
+from compare.measures import modern_rate_at
 from compare.legacy_run import LegacyRun
 from compare.modern_run import ModernRun
 from compare.report import TensorError, judge, not_applicable
@@ -35,7 +36,7 @@ from compare.checks.basics import Rows
 from compare.interface import Batch, NotFed
 from compare.interface import optional
 from compare.report import Result
-from compare.sides import Sides
+from compare.sides import Sides, row_key
 from compare.state import Masks
 
 tf1 = tf.compat.v1
@@ -170,9 +171,8 @@ def describe(read: Callable[..., tuple[list[Rows], list[Rows]]], towers_each: in
     train_off, valid_off = read(False)
     train_again, _ = read(False, seed=1)
     train_on, _ = read(True)
-    from compare.sides import row_key as key
-    order = [key(x, y) for b in train_off for x, y in zip(b[0], b[1])]
-    shuffled = [key(x, y) for b in train_on for x, y in zip(b[0], b[1])]
+    order = [row_key(x, y) for b in train_off for x, y in zip(b[0], b[1])]
+    shuffled = [row_key(x, y) for b in train_on for x, y in zip(b[0], b[1])]
     head = min(32, len(order))
     return {
         Key("rows"): tuple(round(float(np.sum(w)) * towers_each, 6) for _, _, w in train_off),
@@ -180,7 +180,8 @@ def describe(read: Callable[..., tuple[list[Rows], list[Rows]]], towers_each: in
         Key("file_order"): shuffled[:head] == order[:head],
         # As sets of rows: towers that each take the next batch of one stream take them in no fixed order.
         Key("same_first_batch"): bool(train_off) and bool(train_again) and sorted(
-            key(x, y) for x, y in zip(*train_off[0][:2])) == sorted(key(x, y) for x, y in zip(*train_again[0][:2])),
+            row_key(x, y) for x, y in zip(*train_off[0][:2])) == sorted(
+            row_key(x, y) for x, y in zip(*train_again[0][:2])),
         Key("checksum"): round(float(np.sum(np.asarray(train_off[0][0], np.float64))), 3) if train_off else None,
     }
 
@@ -216,7 +217,6 @@ def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
 
 def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
     """The built level of the modern program, from a build of its own on ONE replica."""
-    from compare import common
     with shuffle_off():
         run = ModernRun(sides.pair, flags, common.make_strategy(1), sides.files, sides.legacy)
     out: Fingerprint = {Key("dropout_rate", k): round(float(np.float32(layer.rate)), 7)
@@ -228,7 +228,6 @@ def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
         out[Key("bn_epsilon", name)] = float(np.float32(layer.epsilon))
     rule = run.rule
     out[Key("optimizer")] = rule_settings(rule) if rule.known else settings_of(run.optimizer)
-    from compare.checks.steps import modern_rate_at
     out.update({Key("learning_rate", s): float(np.float32(modern_rate_at(run, s))) for s in PROBES})
     return out, run
 
@@ -380,7 +379,6 @@ def judge_flag(argv: Sequence[str], found: dict[str, list[Key]], differ: list[st
 def check_flags(sides: Sides) -> Result:
     """See the module docstring."""
     pair, name = sides.pair, f"{sides.label}flags through what they build"
-    from compare.checks.basics import tower_dests
     base_l = [pair.legacy.tower_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.legacy_argv]
     base_m = [pair.modern.replica_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.modern_argv]
     parse_l = lambda argv: parse_quietly(pair.legacy.parse_args, argv)  # noqa: E731

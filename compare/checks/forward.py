@@ -1,7 +1,6 @@
 """Forward passes and gradients: inference, dropout, the training forward pass, gradients, free variables."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
@@ -10,67 +9,15 @@ import numpy as np
 from compare import causes, common, diagnosis
 from compare import tf1_graph
 from compare.interface import Batch, TowerFeed
-from compare.report import EPS32, Tolerance, judge, not_applicable, share_floors, tensor_error
+from compare.measures import FREE, free_biases, grad_errors, gradient_errors
+from compare.report import EPS32, MARGIN, Tolerance, judge, not_applicable, tensor_error
 from compare.modern_run import ModernRun
 from compare.report import Result, TensorError
 from compare.state import Masks
 from compare.sides import Sides, State, StepOutcome, TowerRows
 
-# A bias whose gradient is below this fraction of its layer's weight gradient holds round-off only:
-# its true gradient is zero (a bias that feeds a batch norm in training mode: the normalisation
-# subtracts it again).  Its round-off is the sum of its layer's output gradients, the same terms whose
-# products with the inputs make the weight gradient, so it is judged against that weight gradient.
-FREE = 1e-5
-
-
-def sibling_weights(name: str, grads: Mapping[str, Any]) -> Optional[str]:
-    """The weight (kernel) variable beside a bias, by TF1's naming: x/biases -> x/weights, x/bias -> x/kernel."""
-    for bias, weights in (("/biases", "/weights"), ("/bias", "/kernel")):
-        if name.endswith(bias) and name[:-len(bias)] + weights in grads:
-            return name[:-len(bias)] + weights
-    return None
-
-
-def free_biases(grads: Mapping[str, Any]) -> list[str]:
-    """The biases whose gradient (in `grads`, the legacy program's) is round-off only: below FREE
-    times their layer's weight gradient."""
-    out = []
-    for n, g in grads.items():
-        sibling = sibling_weights(n, grads)
-        if sibling and (np.linalg.norm(np.asarray(g, np.float64))
-                        <= FREE * np.linalg.norm(np.asarray(grads[sibling], np.float64))):
-            out.append(n)
-    return sorted(out)
-
-
-def grad_errors(legacy: Mapping[str, Any], modern: Mapping[str, Any], names: Optional[Sequence[str]] = None,
-                free: Optional[Sequence[str]] = None,
-                extra: Optional[Mapping[str, float]] = None) -> list[TensorError]:
-    """Per-variable errors, each relative to max(its own norm, its even share of the total norm,
-    `extra`[name]) and, for a free bias (`free_biases` of the legacy gradients), its layer's weight
-    gradient's norm."""
-    names = sorted(names or legacy)
-    floors = share_floors({n: modern[n] for n in names})
-    for n in (free_biases(legacy) if free is None else free):
-        sibling = sibling_weights(n, modern)
-        if n in floors and sibling:
-            floors[n] = max(floors[n], float(np.linalg.norm(np.asarray(modern[sibling], np.float64))))
-    for n, floor in (extra or {}).items():
-        if n in floors:
-            floors[n] = max(floors[n], floor)
-    return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n]), names)
-
-
-def gradient_errors(sides: Sides, legacy: Mapping[str, Any], modern: Mapping[str, Any],
-                    free: Optional[Sequence[str]] = None) -> list[TensorError]:
-    """grad_errors with each tensor's repeat spread as a floor: a gradient that differs by
-    ||spread|| when the legacy program computes it twice may differ by MARGIN times that."""
-    from compare.tolerances import MARGIN
-    tol = sides.tol.model.rel_l2
-    extra = {n: MARGIN * s / tol for n, s in sides.tol.spread.items() if s > 0}
-    own = sides.tol.tensors
-    return [dataclasses.replace(e, tolerance=own[e.name].rel_l2) if e.name in own else e
-            for e in grad_errors(legacy, modern, free=free, extra=extra)]
+__all__ = ["FREE", "check_dropout", "check_free_variables", "check_inference", "check_training", "free_biases",
+           "grad_errors", "gradient_errors", "gradient_judge", "step_both"]
 
 
 def gradient_judge(sides: Sides, legacy: Mapping[str, Any], free: Optional[Sequence[str]] = None) -> causes.Judge:
@@ -85,12 +32,6 @@ def gradient_judge(sides: Sides, legacy: Mapping[str, Any], free: Optional[Seque
     return judge_candidate
 
 
-def variable_of_error(name: str) -> str:
-    """The variable a gradient error is of ("step 3: x/weights gradient" -> x/weights)."""
-    name = name.split(": ", 1)[1] if name.startswith("step ") else name
-    return name[:-len(" gradient")] if name.endswith(" gradient") else name
-
-
 class BothSteps(NamedTuple):
     """One batch on both sides from one state: the legacy gradients (nothing applied), the modern
     step, and how the legacy program handed the batch to its towers."""
@@ -101,7 +42,6 @@ class BothSteps(NamedTuple):
 
 def own_tolerances(sides: Sides) -> str:
     """The note on the gradients that have tolerances of their own (compare.tolerances.row_order_tolerances)."""
-    from compare.tolerances import MARGIN
     own = sides.tol.tensors
     if not own:
         why = " (batch norm couples a tower's rows)" if sides.legacy.moving else ""
@@ -133,7 +73,8 @@ def check_inference(sides: Sides) -> Result:
               for i, (out, rows) in enumerate(zip(logits, tower_feed.rows)) if len(rows)]
     result = judge(f"{sides.label}forward (inference)", sides.pair.name, errors, sides.tol.model,
                    note=f"{batch.rows} rows, logits of {len(errors)} towers against the model's")
-    return diagnosis.guarded(result, lambda: diagnosis.localise_layers(sides, batch, training=False))
+    return diagnosis.guarded(result, lambda: diagnosis.localise_layers(
+        sides, batch, training=False, explain=causes.explain_layer, outside=lambda: causes.unexplained([])))
 
 
 def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
@@ -272,7 +213,7 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
         sides.set_both(start)
         outside = lambda: causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights,  # noqa: E731
                                               sides.tol.model.rel_l2)
-        return diagnosis.localise_layers(sides, batch, training=True, outside=outside)
+        return diagnosis.localise_layers(sides, batch, training=True, explain=causes.explain_layer, outside=outside)
 
     def localise_gradients() -> diagnosis.Diagnosis:
         forward = loss.diagnosis
@@ -283,7 +224,7 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                                        forward.cause, forward.parts, forward.kind)
         explain = lambda layer: causes.explain_gradients(  # noqa: E731
             sides, grads_l, step.gradients, start.weights, gradient_judge(sides, grads_l, free))
-        return diagnosis.localise_gradients(sides, gradients, variable_of_error, explain)
+        return diagnosis.localise_gradients(sides, gradients, explain)
     diagnosis.guarded(loss, localise_loss)
     return [loss, diagnosis.guarded(gradients, localise_gradients)]
 

@@ -18,7 +18,7 @@ import sys
 import traceback
 from typing import Callable
 
-from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure,
+from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure, tf1,
                             trained)
 from compare.interface import GROUPS, NotFed
 from compare.report import Result, error_result, not_applicable
@@ -75,7 +75,6 @@ def tf1_runtime(ctx: Context) -> list[Result]:
     if "tf1_runtime" not in ctx.sides.pair.capabilities:
         return [not_applicable(f"{ctx.sides.label}legacy on TF1's runtime", ctx.sides.pair.name,
                                "the adapter declares no capability 'tf1_runtime'")]
-    from compare.checks import tf1
     ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}the legacy graph on TF1's runtime, in its own process")
     return tf1.check_tf1_runtime(ctx.sides, ctx.settings)
 

@@ -35,7 +35,7 @@ from compare.report import TensorError, Tolerance, judge, not_applicable
 from compare.interface import DataFiles
 from compare.interface import optional
 from compare.report import Result
-from compare.sides import Sides
+from compare.sides import Sides, row_key
 
 tf1 = tf.compat.v1
 Row = tuple[np.ndarray, np.ndarray]  # one row's input and label
@@ -85,7 +85,6 @@ def required(side: object, method: str) -> Callable[..., Any]:
 
 
 def keys(rows: Sequence[Row]) -> list[bytes]:
-    from compare.sides import row_key
     return [row_key(x, y) for x, y in rows]
 
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from compare import causes, common, diagnosis, modern_run, optimizers, tf1_graph
-from compare.checks.forward import gradient_errors, gradient_judge
+from compare.checks.forward import gradient_judge
 from compare.legacy_run import LegacyRun
-from compare.modern_run import ModernRun
+from compare.measures import change_error, gradient_errors, modern_rate_at, rate
 from compare.report import EPS32, Diagnosis, Part, Result, TensorError, judge, not_applicable, tensor_error
 from compare.sides import Sides
 from compare.state import Arrays, State, StepOutcome
@@ -66,15 +65,6 @@ def schedule_probes(points: Optional[Sequence[int]]) -> list[int]:
     the step after it, and powers of ten up to 10^6."""
     probes = [0, 1] + [s + k for s in (points or [])[:8] for k in (0, 1)] + [10 ** k for k in range(2, 7)]
     return sorted(set(probes))
-
-
-def modern_rate_at(modern: ModernRun, step: int) -> float:
-    """The rate the modern optimizer would use at a step: its schedule at iterations = step."""
-    before = modern.optimizer.iterations.numpy()
-    modern.optimizer.iterations.assign(step)
-    rate = float(np.asarray(modern.optimizer.learning_rate))
-    modern.optimizer.iterations.assign(before)
-    return rate
 
 
 def restart_steps(points: Optional[list[int]], count: int) -> list[int]:
@@ -141,38 +131,33 @@ def optimizer_errors(sides: Sides, r: RestartStep, modern: bool = True) -> list[
     powers_m = (float(np.float32(rule_m.beta1) ** t), float(np.float32(rule_m.beta2) ** t))
 
     def legacy_update(n: str) -> list[TensorError]:
-        return optimizers.update_errors(
+        return [dataclasses.replace(e, step=r.step, variable=n) for e in optimizers.update_errors(
             f"legacy step {r.step}: {n}", rule_l, dict(r.before.slots[n], w=r.before.weights[n]),
             dict(r.legacy_after.slots[n], w=r.legacy_after.weights[n]), r.legacy.gradients[n], rate(r.legacy),
-            (float(b1p), float(b2p)), tol)
+            (float(b1p), float(b2p)), tol)]
 
     def modern_update(n: str) -> list[TensorError]:
-        return optimizers.update_errors(
+        return [dataclasses.replace(e, step=r.step, variable=n) for e in optimizers.update_errors(
             f"modern step {r.step}: {n}", rule_m, dict(r.modern_slots_before[n], w=r.before.weights[n]),
-            dict(r.modern_slots[n], w=r.modern_weights[n]), r.modern.gradients[n], rate(r.modern), powers_m, tol)
+            dict(r.modern_slots[n], w=r.modern_weights[n]), r.modern.gradients[n], rate(r.modern), powers_m, tol)]
 
     jobs = ([(legacy_update, n) for n in names] if rule_l.known else []) \
         + ([(modern_update, n) for n in names] if rule_m.known and modern else [])
     return [e for errors in common.parallel_map(lambda job: job[0](job[1]), jobs) for e in errors]
 
 
-def rate(outcome: StepOutcome) -> float:
-    """The rate a training step used (a step that applied an update has one)."""
-    if outcome.lr is None:
-        raise ValueError("a training step without its learning rate")
-    return outcome.lr
-
-
 def counter_errors(sides: Sides, r: RestartStep) -> tuple[list[TensorError], list[TensorError]]:
     """(the step counters, each +1 exactly; TF1's running beta powers = beta^t)."""
     exact = [tensor_error(f"step {r.step}: legacy global step", np.float64(r.legacy_after.step),
-                          np.float64(r.step + 1)),
-             tensor_error(f"step {r.step}: modern iterations", np.float64(r.iterations), np.float64(r.step + 1))]
+                          np.float64(r.step + 1), step=r.step),
+             tensor_error(f"step {r.step}: modern iterations", np.float64(r.iterations), np.float64(r.step + 1),
+                          step=r.step)]
     powers = []
     if r.powers:
         rule = sides.legacy.rule
         powers.append(tensor_error(f"step {r.step}: legacy beta powers", np.array(r.powers, np.float64),
-                                   np.array([rule.beta1, rule.beta2], np.float32) ** np.float64(r.step + 2)))
+                                   np.array([rule.beta1, rule.beta2], np.float32) ** np.float64(r.step + 2),
+                                   step=r.step))
     return exact, powers
 
 
@@ -207,7 +192,6 @@ def check_training_steps(sides: Sides, count: int, steps_at: Optional[list[int]]
 # feed the update of the weights and slots; the moving statistics and the counters move beside it).
 STEP_GROUPS = ("learning rate", "loss and gradients", "weights", "slots", "moving statistics", "step counters",
                "own rule")
-STEP = re.compile(r"step (\d+)")
 
 
 def step_parts(kinds: dict[str, Result]) -> list[Part]:
@@ -217,24 +201,23 @@ def step_parts(kinds: dict[str, Result]) -> list[Part]:
     for kind, result in kinds.items():
         check = result.tolerance.rel_l2
         for e in result.errors:
-            m = STEP.search(e.name)
-            if m is None or "(probed)" in e.name:
+            if e.step is None or e.probe:
                 continue
-            group = ("weights" if e.name.endswith(" update") else "slots") if kind == "side by side" else kind
-            key = (int(m.group(1)), STEP_GROUPS.index(group))
+            group = ("weights" if e.slot is None else "slots") if kind == "side by side" else kind
+            key = (e.step, STEP_GROUPS.index(group))
             limit = e.limit(check)
             ratio = e.rel_l2 / limit if limit > 0 else (0.0 if e.rel_l2 == 0 else np.inf)
             if key not in found or ratio > found[key][0]:
                 found[key] = (ratio, e, limit)
-    return [Part(f"step {step}: {STEP_GROUPS[group]}", e.rel_l2, limit, note=e.name)
+    return [Part(f"step {step}: {STEP_GROUPS[group]}", e.rel_l2, limit, note=e.name, step=step)
             for (step, group), (_, e, limit) in sorted(found.items())]
 
 
 def rates_part(result: Result) -> str:
     """Where the rates of the lr check first part, in global-step order (restart steps and probes)."""
     check = result.tolerance.rel_l2
-    failing = sorted(((int(STEP.search(e.name).group(1)), e) for e in result.errors  # type: ignore[union-attr]
-                      if STEP.search(e.name) and e.rel_l2 > e.limit(check)), key=lambda pair: pair[0])
+    failing = sorted(((e.step, e) for e in result.errors if e.step is not None and e.rel_l2 > e.limit(check)),
+                     key=lambda pair: pair[0])
     if not failing:
         return "no rate parts"
     step, e = failing[0]
@@ -252,8 +235,7 @@ def diagnose_steps(sides: Sides, runs: list[RestartStep], kinds: dict[str, Resul
         if i is None:
             return "no step's variable group parts beyond its tolerance", parts
         p = parts[i]
-        steps_before = sorted({int(STEP.search(q.name).group(1)) for q in parts[:i]  # type: ignore[union-attr]
-                               if not q.name.startswith(p.name.split(":")[0] + ":")})
+        steps_before = sorted({q.step for q in parts[:i] if q.step is not None and q.step != p.step})
         return (f"first at {p.name} ({p.note}: {p.error:.3g} against {p.tolerance:.3g})"
                 + (f"; steps {steps_before} agree" if steps_before else "; it is the first step compared"), parts)
 
@@ -261,8 +243,7 @@ def diagnose_steps(sides: Sides, runs: list[RestartStep], kinds: dict[str, Resul
         """The first step at which a check's tensors part."""
         result = kinds[kind]
         for r in runs:
-            if any(e.rel_l2 > e.limit(result.tolerance.rel_l2) for e in result.errors
-                   if STEP.search(e.name) and int(STEP.search(e.name).group(1)) == r.step):  # type: ignore[union-attr]
+            if any(e.rel_l2 > e.limit(result.tolerance.rel_l2) for e in result.errors if e.step == r.step):
                 return r
         return None
 
@@ -345,23 +326,14 @@ def port_on_legacy_gradient(sides: Sides, r: RestartStep) -> list[TensorError]:
         modern.pairing = find_pairing(sides, r, after_s)
     r.port_weights, r.port_slots = after_w, after_s
     tol = sides.tol.optimizer.rel_l2
-    jobs = []
+    jobs: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, str, Optional[str]]] = []
     for n in names:
-        jobs.append((f"step {r.step}: {n} update", r.before.weights[n], after_w[n], r.legacy_after.weights[n]))
+        jobs.append((f"step {r.step}: {n} update", r.before.weights[n], after_w[n], r.legacy_after.weights[n], n, None))
         converted = modern.legacy_slots_of(after_s[n])
-        jobs += [(f"step {r.step}: {n} {key}", r.before.slots[n][key], converted[key], r.legacy_after.slots[n][key])
-                 for key in sorted(set(converted) & set(r.legacy_after.slots[n]))]
-    return common.parallel_map(lambda job: change_error(*job, tol), jobs)
-
-
-def change_error(name: str, before: np.ndarray, modern: np.ndarray, legacy: np.ndarray, tol: float) -> TensorError:
-    """The modern change of a tensor against the legacy change, relative to the legacy change, with a
-    floor of a few roundings of each (both sides store float32)."""
-    b0 = np.asarray(before, np.float64)
-    floor = (np.linalg.norm(np.spacing(np.abs(np.asarray(before, np.float32))))
-             + 2 * np.linalg.norm(np.spacing(np.abs(np.asarray(legacy, np.float32))))
-             + 8 * EPS32 * np.linalg.norm(np.asarray(legacy, np.float64) - b0))
-    return tensor_error(name, np.asarray(modern, np.float64) - b0, np.asarray(legacy, np.float64) - b0, floor / tol)
+        jobs += [(f"step {r.step}: {n} {key}", r.before.slots[n][key], converted[key], r.legacy_after.slots[n][key],
+                  n, key) for key in sorted(set(converted) & set(r.legacy_after.slots[n]))]
+    return common.parallel_map(lambda job: change_error(*job[:4], tol, step=r.step, variable=job[4], slot=job[5]),
+                               jobs)
 
 
 def find_pairing(sides: Sides, r: RestartStep, after: dict[str, Arrays]) -> Optional[dict[str, str]]:
@@ -401,10 +373,11 @@ def plural(runs: list[RestartStep]) -> str:
 def check_lr(sides: Sides, runs: list[RestartStep], points: Optional[list[int]], suffix: str) -> Result:
     """The rate each step used, and both schedules probed without training."""
     legacy, modern = sides.legacy, sides.modern
-    errors = [tensor_error(f"lr at step {r.step}", np.float32(r.modern.lr), np.float32(r.legacy.lr)) for r in runs]
+    errors = [tensor_error(f"lr at step {r.step}", np.float32(r.modern.lr), np.float32(r.legacy.lr), step=r.step)
+              for r in runs]
     probes = schedule_probes(points) if not suffix else []
     errors += [tensor_error(f"lr at step {s} (probed)", np.float32(modern_rate_at(modern, s)),
-                            np.float32(legacy.learning_rate_at(s))) for s in probes]
+                            np.float32(legacy.learning_rate_at(s)), step=s, probe=True) for s in probes]
     schedule = ("continuous" if points is None else f"changes after steps {points}" if points else "constant")
     return judge(f"{sides.label}lr schedule{suffix}", sides.pair.name, errors,
                  sides.tol.schedule if points is None else "exact",
@@ -413,9 +386,9 @@ def check_lr(sides: Sides, runs: list[RestartStep], points: Optional[list[int]],
 
 
 def check_losses_and_gradients(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
-    errors = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss) for r in runs]
+    errors = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss, step=r.step) for r in runs]
     for r in runs:
-        errors += [dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient")
+        errors += [dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient", step=r.step)
                    for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
     return judge(f"{sides.label}{len(runs)} training step{plural(runs)}: loss and gradients{suffix}", sides.pair.name,
                  errors, sides.tol.model,
@@ -528,13 +501,14 @@ def check_moving_statistics(sides: Sides, runs: list[RestartStep], suffix: str =
             best = int(np.argmin(scored))
             seen[best] = seen.get(best, 0) + 1
             errors.append(tensor_error(f"legacy {name} step {step} (schedule {best})", after_l[name] - v,
-                                       preds[best] - v, floor))
+                                       preds[best] - v, floor, step=step, variable=name))
             modern_pred = modern_moving(v, a, decay[name], plain, None)
-            errors.append(tensor_error(f"modern {name} step {step}", after_m[name] - v, modern_pred - v, floor))
+            errors.append(tensor_error(f"modern {name} step {step}", after_m[name] - v, modern_pred - v, floor,
+                                       step=step, variable=name))
             copies = [np.asarray(c) for c in modern_run.replica_copies(modern.names[name])]
             if len(copies) > 1:
                 errors.append(tensor_error(f"modern {name} step {step}: replica copies equal", np.stack(copies),
-                                           np.stack([copies[0]] * len(copies))))
+                                           np.stack([copies[0]] * len(copies)), step=step, variable=name))
             if len(ix) > 1:
                 gaps.append(tensor_error("", modern_pred - v, preds[best] - v, floor).rel_l2)
     distinct = n_updates == 1 or min(gaps) > tol.rel_l2

@@ -18,92 +18,16 @@ fewer changes only what is evaluated.  So these are read off each side's structu
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
-from compare import tf1_graph
+from compare.measures import legacy_regularisers, modern_regularisers
 from compare.report import EPS32, Result, TensorError, Tolerance, judge, tensor_error
 from compare.sides import Sides
 
-tf1 = tf.compat.v1
 SCALE_TOLERANCE = Tolerance("structure", 8 * EPS32, "the same variables on both sides; an L2 coefficient given in "
                                                     "Python and stored in float32 on each side: a few roundings "
                                                     "(8 eps32)")
-
-
-def legacy_regularisers(sides: Sides) -> tuple[dict[str, float], set[str]]:
-    """({variable: c} for every L2 term c * sum(w^2) the graph builds of a trainable variable, [those
-    in tower 0's loss]): each `L2Loss` of the variable (sum / 2) or `Sum(Square)` of it, times the
-    constants it is multiplied by (a regulariser's scale).  A program may build terms it never adds to
-    its loss (slim's regularisers, in REGULARIZATION_LOSSES): they count, as the port's regularisers
-    count whether or not its step adds them; the gradients judge what the losses hold."""
-    legacy = sides.legacy
-    in_loss = tf1_graph.ancestors([legacy.lg.tower_losses[0]])
-    towers = tf1_graph.Towers(legacy.lg.tower_losses)
-    terms: dict[str, list[tuple[float, bool]]] = {}
-    for op in legacy.graph.get_operations():
-        if "gradients" in op.name or not op.inputs or towers.of(op) not in (0, None):
-            continue
-        source = op.inputs[0]
-        if op.type == "L2Loss":
-            variable, factor = tf1_graph.variable_of(source, legacy.by_name), 0.5
-        elif op.type == "Sum" and source.op.type == "Square":
-            variable, factor = tf1_graph.variable_of(source.op.inputs[0], legacy.by_name), 1.0
-        else:
-            continue
-        if variable is None or variable.op.name not in legacy.trainable:
-            continue
-        terms.setdefault(variable.op.name, []).append((factor * scale_of(op.outputs[0]), op in in_loss))
-    out: dict[str, float] = {}
-    for name, found in terms.items():
-        in_the_loss = [scale for scale, added in found if added]
-        # The terms the loss adds up; where it adds none, the one the program declared (a regulariser
-        # called again, by a reused scope or a second tower, builds the same term again).
-        out[name] = sum(in_the_loss) if in_the_loss else max(scale for scale, _ in found)
-    added = {n for n, found in terms.items() if any(a for _, a in found) and out[n] != 0}
-    return {n: c for n, c in out.items() if c != 0}, added
-
-
-def scale_of(term: Any) -> float:
-    """The product of the constants a regularisation term is multiplied by, through Mul and Identity."""
-    scale, tensor = 1.0, term
-    for _ in range(8):
-        consumers = [c for c in tensor.consumers() if c.type in ("Mul", "Identity") and "gradients" not in c.name]
-        if len(consumers) != 1:
-            break
-        op = consumers[0]
-        if op.type == "Mul":
-            other = op.inputs[1] if op.inputs[0] is tensor else op.inputs[0]
-            value = tf.get_static_value(other)
-            if value is None or np.size(value) != 1:
-                break
-            scale *= float(value)
-        tensor = op.outputs[0]
-    return scale
-
-
-def modern_regularisers(sides: Sides) -> tuple[dict[str, float], list[str]]:
-    """({variable: c} of the Keras regularisers on the model's weights, [variables whose regulariser is
-    not c * sum(w^2)]): each weight's own `regularizer` (what a layer's kernel_regularizer and
-    bias_regularizer set, and what `model.losses` sums), evaluated on probes of ones and twos, where
-    an L2 term gives c * size and 4 c * size whatever the weights are now (zero biases included)."""
-    coefficients, other = {}, []
-    for name in sides.legacy.trainable:
-        variable = sides.modern.names[name]
-        regularizer = getattr(variable, "regularizer", None)
-        if regularizer is None:
-            continue
-        size = float(np.prod(variable.shape))
-        ones = tf.ones(variable.shape, variable.dtype)
-        once, twice = float(regularizer(ones)), float(regularizer(2 * ones))
-        if once == 0 and twice == 0:
-            continue
-        if abs(twice - 4 * once) > 1e-5 * abs(twice):
-            other.append(name)
-        coefficients[name] = once / size
-    return coefficients, other
 
 
 def check_structure(sides: Sides) -> Result:
