@@ -104,6 +104,7 @@ def judge_pair(pair: Pair, settings: Settings, tmp_dir: str, log: Log = print) -
         for index, (sides, groups) in enumerate(built):
             t = sides.tol.model
             log(f"{pair.name}: {sides.label}model tolerance {t.rel_l2:.2g} = {t.derivation}")
+            results += tolerances.power(sides)
             results += run_groups(sides, groups, settings, log)
             if index == 0 and pair.extra_checks is not None:
                 results += run_check(f"{pair.name}'s own checks",

@@ -22,6 +22,14 @@ can make and from the spread of its own computation repeated:
              (a chaotic one is judged against its chaos floor, the legacy program against itself
              started 1 ulp away: the "chaos" check)
 
+A derived tolerance has to leave a check its power: a model tolerance above POWER_BOUND (1e-3, the
+size of a realistic mistake that shows only in the gradients, such as the regularisation added on
+every replica instead of once) would PASS such a mistake.  It says that the legacy program's own
+computation is not reproducible from what the harness feeds it (a random op it does not let the
+harness impose, such as a dropout that is on whatever is fed), so the pair is not judged at that
+level: `power` is a FAIL line, first in the pairing's report, naming the random ops the legacy
+logits depend on and the spread they make, and the run exits 1.
+
 For scale every report also prints the a-priori estimate 2 eps32 sum_l sqrt(fan_in_l) (a forward and
 backward pass through L layers of dot products of fan_in_l terms with independent roundings).  The
 1-ulp sensitivity to the WEIGHTS is no round-off measure: in training mode, batch norm over a tower's
@@ -37,12 +45,20 @@ import numpy as np
 
 from compare.interface import Batch
 from compare.measures import grad_errors
-from compare.report import EPS32, MARGIN, Tolerance, Tolerances, tensor_error
+from compare.report import EPS32, MARGIN, Result, TensorError, Tolerance, Tolerances, judge, tensor_error
 from compare.sides import Sides
 from compare.state import Masks
 
-__all__ = ["MARGIN", "Tolerances", "derive", "fan_in_estimate", "fixed_masks", "row_order_tolerances"]
+__all__ = ["MARGIN", "POWER_BOUND", "Tolerances", "derive", "fan_in_estimate", "fixed_masks", "power",
+           "row_order_tolerances"]
 
+POWER_BOUND = Tolerance("power bound", 1e-3, "the largest model tolerance a pair is judged at: a mistake that moves "
+                                             "only the gradients by 1e-3 relative must FAIL")
+# The ops that draw random numbers: upstream of what a check compares, each must be imposed alike on
+# both sides (fed, or seeded), or the legacy program disagrees with itself.
+RANDOM_OPS = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "Multinomial",
+              "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal",
+              "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2")
 
 def fan_in_estimate(fan_ins: Sequence[int]) -> float:
     return 2 * EPS32 * sum(math.sqrt(k) for k in fan_ins)
@@ -81,6 +97,39 @@ def derive(sides: Sides, steps: int) -> Tolerances:
     return Tolerances(model=Tolerance("model", model, how),
                       steps=Tolerance("steps", steps * model, f"{steps} steps x model {model:.2g}"),
                       spread=spread, tensors=row_order_tolerances(sides, batch, masks, grads_a, model))
+
+
+def random_ops(sides: Sides) -> list[str]:
+    """The random ops tower 0's logits depend on in the legacy graph, as the program feeds them (those
+    the harness feeds, such as a dropout's noise it imposes, do not run)."""
+    legacy = sides.legacy
+    fed = {getattr(t, "op", t) for t in legacy.feed(sides.batch(seed=97), False).feed_dict}
+    seen, stack = set(), [legacy.lg.tower_logits[0].op]
+    while stack:  # the ops that run: back from the logits, stopping at what is fed
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op not in fed:
+            stack.extend([*(i.op for i in op.inputs), *op.control_inputs])
+    return sorted(op.name for op in seen if op.type in RANDOM_OPS)
+
+
+def power(sides: Sides) -> list[Result]:
+    """[a FAIL line] where the pairing's model tolerance is above POWER_BOUND (the module docstring),
+    else []: no check of the pairing would have power at that tolerance."""
+    model = sides.tol.model
+    if model.rel_l2 <= POWER_BOUND.rel_l2:
+        return []
+    ops = random_ops(sides)
+    why = (f"the legacy logits depend on {len(ops)} random op(s) the harness does not impose "
+           f"({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''})" if ops
+           else "no random op upstream of the legacy logits was found: its forward pass itself is that sensitive")
+    return [judge(f"{sides.label}tolerances with power", sides.pair.name,
+                  [TensorError("model tolerance", model.rel_l2, model.rel_l2, model.rel_l2)], POWER_BOUND,
+                  note=f"the pair cannot be judged at this level: its model tolerance {model.rel_l2:.3g} "
+                       f"({model.derivation}) is above {POWER_BOUND.rel_l2:g}, where a mistake that moves only the "
+                       f"gradients by that much would PASS; {why}; name or feed them (docs/parity.md)")]
 
 
 def reordered(sides: Sides, batch: Batch, masks: Masks) -> Optional[tuple[Batch, Masks]]:

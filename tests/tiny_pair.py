@@ -32,7 +32,7 @@ def parse_args(argv, tower_flag):
 # ---------------------------------------------------------------------------------------------
 # The TF1 program
 
-def build_graph(num_towers, learning_rate, momentum, decay=1.0):
+def build_graph(num_towers, learning_rate, momentum, decay=1.0, noise=0.0):
     x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
     y = tf1.placeholder(tf.int32, [None], name="y")
     current_batch_size = tf1.placeholder(tf.int32, name="current_batch_size")
@@ -50,6 +50,8 @@ def build_graph(num_towers, learning_rate, momentum, decay=1.0):
                 w = tf1.get_variable("softmax/weights", [FEATURES, CLASSES],
                                      initializer=tf1.truncated_normal_initializer(stddev=0.1))
                 b = tf1.get_variable("softmax/biases", [CLASSES], initializer=tf1.zeros_initializer())
+                if noise:  # randomness on whatever is fed, which the harness cannot impose
+                    xs = xs * (1 + noise * tf1.random_uniform(tf.shape(xs)))
                 logits = tf.matmul(xs, w) + b
                 loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ys, logits=logits))
                 tf1.get_variable_scope().reuse_variables()
@@ -64,6 +66,7 @@ def build_graph(num_towers, learning_rate, momentum, decay=1.0):
 
 class Legacy:
     tower_flag = "--num_gpus"
+    noise = 0.0  # > 0: the inputs multiplied by 1 + noise U(0, 1), in training and inference alike
 
     def parse_args(self, argv):
         return parse_args(argv, self.tower_flag)
@@ -72,7 +75,7 @@ class Legacy:
         return legacy_towers.session_config(towers)
 
     def build(self, flags, towers, files):
-        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay)
+        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay, self.noise)
 
         def feed(batch, training):
             c = batch.rows // towers

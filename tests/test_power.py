@@ -1,0 +1,31 @@
+"""Every verdict could have gone the other way: a derived tolerance above the power bound is a FAIL
+line of its own (compare/tolerances.py `power`), naming the randomness the harness could not impose.
+
+The pair is tests/tiny_pair.py; its noisy variant multiplies the inputs by 1 + 0.5 U(0, 1) in every
+run, training and inference alike: two runs of the legacy program on one feed disagree, by far more
+than any tolerance with power.
+"""
+import tiny_pair
+from compare import harness, tolerances
+
+SETTINGS = harness.Settings(towers=2, steps=1, free_steps=2, quick=True, only=("basics",))
+
+
+def judged(pair, tmp_path):
+    return harness.judge_pair(pair, SETTINGS, str(tmp_path), log=lambda *_: None)
+
+
+def test_a_legacy_program_with_randomness_the_harness_cannot_impose_is_not_judged_at_its_spread(tmp_path):
+    legacy = tiny_pair.Legacy()
+    legacy.noise = 0.5
+    results = judged(tiny_pair.make_pair(legacy=legacy), tmp_path)
+    first = results[0]
+    assert (first.check, first.status) == ("tolerances with power", "FAIL"), first
+    assert first.worst.rel_l2 > 100 * tolerances.POWER_BOUND.rel_l2
+    assert "cannot be judged" in first.note and "tower_0/random_uniform" in first.note
+
+
+def test_the_tiny_pair_has_a_tolerance_with_power(tmp_path):
+    results = judged(tiny_pair.PAIR, tmp_path)
+    assert "tolerances with power" not in [r.check for r in results]
+    assert results and all(r.status != "FAIL" for r in results)
