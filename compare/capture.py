@@ -33,8 +33,10 @@ import contextlib
 import dataclasses
 import os
 import re
+import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +45,18 @@ from compare import tf1_graph
 from compare.interface import Batch, DataFiles, LegacyGraph, LegacyPipeline, NotFed, TowerFeed
 from compare.legacy_run import HarnessError
 from compare.optimizers import TF1_OPS
+
+if sys.version_info >= (3, 11):
+    from contextlib import chdir
+else:  # Python 3.10, which TensorFlow 2.21 still supports, has no contextlib.chdir
+    @contextlib.contextmanager
+    def chdir(folder: str) -> Iterator[None]:
+        before = os.getcwd()
+        os.chdir(folder)
+        try:
+            yield
+        finally:
+            os.chdir(before)
 
 tf1 = tf.compat.v1
 SOURCES = ("QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany",
@@ -70,17 +84,6 @@ class Captured:
 
 # ---------------------------------------------------------------------------------------------
 # Running the program to a point
-
-@contextlib.contextmanager
-def patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
-    """`owner.name` replaced for the duration."""
-    original = owner.__dict__[name]
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
 
 def fetched_ops(graph: Any, fetches: Any) -> list[Any]:
     """The ops a Session.run's fetches name (nested lists, tuples, dicts; tensors, ops, names)."""
@@ -142,7 +145,8 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         graph.seed = seed
 
     with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=log) as env:
-        with patched(tf_session.BaseSession, "run", session_run), patched(ops.Graph, "__init__", seeded_graph):
+        with mock.patch.object(tf_session.BaseSession, "run", session_run), \
+                mock.patch.object(ops.Graph, "__init__", seeded_graph):
             try:
                 status = env.run_program(list(argv))
             except Stop:
@@ -169,17 +173,12 @@ def quiet_tensorflow() -> Iterator[None]:
         logger.setLevel(level)
 
 
-@contextlib.contextmanager
-def working_directory(folder: Optional[str]) -> Iterator[None]:
-    """The current directory set to `folder` (None: unchanged) for the duration."""
-    before = os.getcwd()
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
+def working_directory(folder: Optional[str]) -> contextlib.AbstractContextManager[Any]:
+    """The current directory set to `folder` (made where missing; None: unchanged) for the duration."""
+    if not folder:
+        return contextlib.nullcontext()
+    os.makedirs(folder, exist_ok=True)
+    return chdir(folder)
 
 
 def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None) -> argparse.Namespace:
@@ -210,8 +209,8 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None) ->
         return namespace, left
 
     with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=lambda _: None) as env:
-        with patched(absl_flags.FlagValues, "__call__", absl_parse), \
-                patched(argparse.ArgumentParser, "parse_known_args", argparse_parse):
+        with mock.patch.object(absl_flags.FlagValues, "__call__", absl_parse), \
+                mock.patch.object(argparse.ArgumentParser, "parse_known_args", argparse_parse):
             try:
                 env.run_program(list(argv))
             except Stop:
