@@ -1,4 +1,4 @@
-"""legacy/run_tf1.py: a user's TF1 tower program, unmodified, on TensorFlow 2.21.
+"""legacy/run_tf1/: a user's TF1 tower program, unmodified, on TensorFlow 2.21.
 
 Two programs run under the command in processes of their own: the book's MNIST multi-GPU example
 as printed (`tf1_programs/book_mnist/`) and a classic queue-runner tower program written for these
@@ -227,6 +227,7 @@ def test_a_failing_program_gives_its_traceback_the_step_and_its_status(failures,
         assert lines[start + 1].startswith(f'  File "{failures / program}", line ')
         assert lines[-2:] == [traceback_end, runner_line]
         assert "run_tf1.py" not in err and "importlib._bootstrap" not in err  # the user's frames only
+        assert "legacy/run_tf1/" not in err  # no frame of the runner's package
     else:
         assert lines == []
     assert folder_hashes(failures) == before

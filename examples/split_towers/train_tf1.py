@@ -2,7 +2,7 @@
 
     python -m legacy.run_tf1 examples/split_towers/train_tf1.py --data_dir DIR --num_gpus 2
 
-Written for TensorFlow 1.x and run as it is on TensorFlow 2.21 by `legacy/run_tf1.py`: `import
+Written for TensorFlow 1.x and run as it is on TensorFlow 2.21 by `legacy/run_tf1/`: `import
 tensorflow as tf`, `tf.app.flags`, queue runners, `tf.contrib.layers`, towers on `/gpu:%d`.  One
 global batch is dequeued and cut into one slice per tower with `tf.split`; each tower computes its
 loss (softmax cross-entropy with label smoothing, plus the weight decay of every weight) and its
