@@ -22,6 +22,14 @@ point the program at the harness's files, and names only what cannot be found.
 The program's flags (`tf.app.flags` / absl, or argparse) are read the same way: the program runs
 until it has parsed its command line (`parse_flags`).
 
+A finalized graph is never modified.  `MonitoredSession`, `MonitoredTrainingSession`, `Supervisor`
+and `slim.learning.train` finalize the graph before they train (a guard against a training loop
+that grows its graph); while the program runs, the harness takes each `Graph.finalize()` as a
+request, recorded (`Captured.finalized`) and not applied: the graph the harness takes stays open, so
+that it and its checks can add their own ops beside the program's (taps, setters, savers, the
+schedule read at any step), none of the program's ops changed.  No private TensorFlow call undoes a
+finalize.
+
 TensorFlow's global behaviour: the program runs with TF1 behaviour, and TF2 behaviour is turned back
 on as soon as the graph is taken (`legacy.run_tf1.tf1_environment` undoes what it set), so the modern
 side runs as it would alone.
@@ -80,6 +88,7 @@ class Captured:
     train_op: Any
     fetches: Any
     device_line: Optional[str]
+    finalized: bool = False  # the program asked to finalize the graph (recorded, not applied)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,9 +153,15 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         graph_init(graph, *args, **kwargs)
         graph.seed = seed
 
+    asked: set[int] = set()
+
+    def held_finalize(graph: Any) -> None:
+        asked.add(id(graph))
+
     with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=log) as env:
         with mock.patch.object(tf_session.BaseSession, "run", session_run), \
-                mock.patch.object(ops.Graph, "__init__", seeded_graph):
+                mock.patch.object(ops.Graph, "__init__", seeded_graph), \
+                mock.patch.object(ops.Graph, "finalize", held_finalize):
             try:
                 status = env.run_program(list(argv))
             except Stop:
@@ -157,7 +172,7 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
                f"{str(env.failure.error).strip().splitlines()[0][:200] if str(env.failure.error).strip() else ''})"
                if env.failure is not None else f"it ended with exit status {status}")
         raise CaptureError(f"{program} {' '.join(argv)}: no training Session.run to capture: {why}")
-    return dataclasses.replace(taken[0], device_line=env_line[0])
+    return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
 
 
 @contextlib.contextmanager
@@ -419,15 +434,21 @@ def found_feed(inputs: Sequence[TowerInput], towers: int) -> Callable[[Batch, bo
     return feed
 
 
+# What an adapter may name: every field of the LegacyGraph, and the towers' input rows.
+NAMES = tuple(f.name for f in dataclasses.fields(LegacyGraph)) + ("inputs",)
+
+
 class CapturedLegacy:
     """A LegacySide for a TF1 program judged by running it (see the module docstring).
 
     program: the program's .py file.  files_argv: (towers, files) -> the arguments that point the
     program at the harness's files and scratch folder (its data and output folders).  tower_flag:
     its flag for the tower count, which the harness sets last.  cwd: files -> the folder to run it in
-    (for a program that reads or writes relative paths), or None.  names: what `find` cannot find,
-    by field of LegacyGraph (a callable of the captured graph and Found).  evaluate: an optional
-    (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
+    (for a program that reads or writes relative paths), or None.  names: what `find` cannot find or
+    finds otherwise than the program means it, by field of LegacyGraph (any of NAMES: `loss`,
+    `tower_losses`, `feed`, ...) or `inputs` (the towers' TowerInputs), each a callable of the captured
+    graph and Found; every one named is used, and a name of no field is refused when the side is made.
+    evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
     pipeline check reads this many steps (capability 'pipelines').
     """
 
@@ -438,6 +459,9 @@ class CapturedLegacy:
                  pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None):
         self.program, self.files_argv, self.tower_flag = program, files_argv, tower_flag
         self.cwd, self.names, self.pipeline_steps, self.log = cwd, dict(names or {}), pipeline_steps, log
+        unknown = sorted(set(self.names) - set(NAMES))
+        if unknown:
+            raise CaptureError(f"names= has no field {', '.join(map(repr, unknown))}: it takes {', '.join(NAMES)}")
         self._config: Any = None
         self.captured: Optional[Captured] = None
         if evaluate is not None:
@@ -467,13 +491,13 @@ class CapturedLegacy:
             raise CaptureError(f"found the input rows of {len(inputs)} of {len(losses)} towers: name them "
                                f"(names={{'inputs': ...}})")
         with captured.graph.as_default():
-            loss = tf.add_n(list(losses)) / len(losses)
+            loss = named["loss"] if "loss" in named else tf.add_n(list(losses)) / len(losses)
         pipeline = None
         if captured.graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) and self.pipeline_steps:
             sources = list(dict.fromkeys((t.x, t.y) for t in inputs))
             pipeline = LegacyPipeline(train=sources, steps=self.pipeline_steps, queue_runners=True)
-        return LegacyGraph(feed=named.get("feed", found_feed(inputs, len(losses))), tower_logits=logits,
-                           tower_losses=losses, loss=loss, grads_and_vars=found.grads_and_vars,
-                           train_op=found.train_op, global_step=named.get("global_step", found.global_step),
-                           learning_rate=named.get("learning_rate", found.learning_rate),
-                           moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)
+        built = LegacyGraph(feed=found_feed(inputs, len(losses)), tower_logits=logits, tower_losses=losses,
+                            loss=loss, grads_and_vars=found.grads_and_vars, train_op=found.train_op,
+                            global_step=found.global_step, learning_rate=found.learning_rate,
+                            moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)
+        return dataclasses.replace(built, **{k: v for k, v in named.items() if k != "inputs"})

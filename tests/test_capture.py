@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from compare import harness
-from compare.capture import CaptureError, capture, parse_flags
+from compare.capture import CapturedLegacy, CaptureError, capture, find, parse_flags
+from conftest import ROOT
 from examples.split_towers import adapter, modern_train
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4, quick=True)
@@ -116,4 +117,36 @@ def test_a_program_that_never_trains_is_one_line(tmp_path):
     program.write_text("import tensorflow as tf\nprint(tf.constant(1.0))\n")
     with pytest.raises(CaptureError, match=r"no training Session.run to capture: it ended with exit status 0"):
         capture(str(program), [])
+    assert tf.executing_eagerly()
+
+
+# ---------------------------------------------------------------------------------------------
+# Every session kind a TF1 program trains through, and a graph the program finalizes
+
+SESSIONS = str(ROOT / "tests" / "tf1_programs" / "capture_sessions" / "train_sessions.py")
+
+
+@pytest.mark.parametrize("session", ["plain", "monitored", "monitored_training", "supervisor", "slim"])
+def test_a_program_is_captured_through_every_session_kind_and_its_finalize_is_held(tmp_path, session):
+    """MonitoredSession, MonitoredTrainingSession, Supervisor and slim.learning.train finalize the
+    graph before they train: the request is recorded, the graph stays open for the harness's own ops."""
+    captured = capture(SESSIONS, ["--session", session, "--train_dir", str(tmp_path / "train")])
+    assert captured.finalized == (session != "plain")
+    assert not captured.graph.finalized
+    found = find(captured.graph, captured.train_op)
+    assert len(found.tower_losses) == 2 and len(found.inputs) == 2
+    assert sorted(v.op.name for _, v in found.grads_and_vars) == ["model/biases", "model/weights"]
+    with captured.graph.as_default():
+        tf.compat.v1.identity(found.tower_losses[0], name="harness_tap")  # the harness adds its ops beside
+    assert tf.executing_eagerly()
+
+
+def test_names_takes_every_field_it_documents_and_refuses_one_it_does_not(tmp_path):
+    with pytest.raises(CaptureError, match=r"names= has no field 'losss': it takes feed, tower_logits, "):
+        CapturedLegacy(SESSIONS, lambda towers, files: [], "--num_gpus", names={"losss": lambda graph, found: None})
+    side = CapturedLegacy(SESSIONS, lambda towers, files: ["--session", "supervisor", "--train_dir",
+                                                            str(tmp_path / "train")], "--num_gpus",
+                          names={"loss": lambda graph, found: graph.get_tensor_by_name("total_loss:0")})
+    built = side.build(side.parse_args([]), 2, {})
+    assert built.loss.name == "total_loss:0"
     assert tf.executing_eagerly()
