@@ -260,6 +260,7 @@ class Found:
     tower_losses: list[Any]
     tower_logits: list[Any]
     inputs: list[TowerInput]
+    tower_weights: Optional[list[float]] = None  # each tower's weight in what is applied (tower_weights)
 
 
 def natural(name: str) -> list[Any]:
@@ -270,25 +271,88 @@ def natural(name: str) -> list[Any]:
 GRAD_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/(.+?)_grad(?:_\d+)?/")
 
 
-def tower_losses(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> list[Any]:
-    """The losses the applied gradients come from: each `tf.gradients` call starts from the ones it
-    fills in the loss's shape (its `grad_ys`), which the gradient of the loss's op reads first (in the
-    name scope `gradients/<the loss op>_grad`, TF1's naming); in the order of the towers' names."""
+def gradient_starts(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> dict[Any, Any]:
+    """{loss: the op its gradient starts from}, for the losses the applied gradients come from: each
+    `tf.gradients` call starts from the ones it fills in the loss's shape (its `grad_ys`), which the
+    gradient of the loss's op reads first (in the name scope `gradients/<the loss op>_grad`, TF1's
+    naming); in the order of the towers' names."""
     feeding = tf1_graph.ancestors([u.grad for u in updates.values() if u.grad is not None])
-    losses = []
+    starts: dict[Any, Any] = {}
     for op in graph.get_operations():
         if op.type != "Fill" or op not in feeding or "grad_ys" not in op.name.rsplit("/", 1)[-1]:
             continue
         if op.inputs[0].op.type == "Shape":
-            losses.append(op.inputs[0].op.inputs[0])
+            starts.setdefault(op.inputs[0].op.inputs[0], op)
             continue
         for consumer in op.outputs[0].consumers():
             found = GRAD_SCOPE.search(consumer.name)
             if found:
                 with contextlib.suppress(KeyError, ValueError):
-                    losses.append(graph.get_operation_by_name(found.group(1)).outputs[0])
+                    starts.setdefault(graph.get_operation_by_name(found.group(1)).outputs[0], op)
                 break
-    return sorted(dict.fromkeys(losses), key=lambda t: natural(t.name))
+    return {loss: starts[loss] for loss in sorted(starts, key=lambda t: natural(t.name))}
+
+
+def tower_losses(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> list[Any]:
+    """The losses the applied gradients come from (`gradient_starts`), in the order of the towers' names."""
+    return list(gradient_starts(graph, updates))
+
+
+SUMS = ("AddN", "Add", "AddV2")
+STACKS = ("ConcatV2", "Pack")
+SCALES = {"Mul": 1, "RealDiv": -1, "Div": -1, "Truediv": -1}
+
+
+def tower_weights(applied: Sequence[Any], starts: Sequence[Any]) -> Optional[list[float]]:
+    """Each tower's weight in the gradients the optimizer applies, read from how the graph combines
+    the towers' gradients (None where it is not one of the ways below, or differs between variables):
+    the op that first joins one gradient of every tower (its ancestors `starts`, one per tower), an
+    AddN / Add (a sum: weight 1 each; model_deploy) or a concat / stack reduced by Mean (1/N: the
+    classic average_gradients) or Sum (1), times every constant scalar the joined gradient is then
+    multiplied or divided by on its way to the update (a clip-by-norm scale is no constant)."""
+    towers = len(starts)
+    regions = [tf1_graph.descendants([s]) for s in starts]
+    found: set[float] = set()
+    for g in applied:
+        if g is None:
+            continue
+        upstream = tf1_graph.ancestors([g]) | {g.op}
+        weight = None
+        for op in upstream:
+            if not all(op in r for r in regions):
+                continue
+            inputs = [i.op for i in op.inputs if any(i.op in r for r in regions)]
+            if len(inputs) != towers or any(sum(i in r for r in regions) != 1 for i in inputs):
+                continue
+            if op.type in SUMS:
+                weight, joined = 1.0, op
+            elif op.type in STACKS:
+                reduce = [c for c in op.outputs[0].consumers() if c in upstream and c.type in ("Mean", "Sum")]
+                if not reduce:
+                    return None
+                weight, joined = (1.0 / towers if reduce[0].type == "Mean" else 1.0), reduce[0]
+            else:
+                return None
+            break
+        if weight is None:
+            return None
+        path = tf1_graph.descendants([joined]) & upstream
+        for op in path - {joined}:
+            if op.type not in SCALES:
+                continue
+            # A scaling of the gradient itself (the on-path input has its shape), not of a scalar on the
+            # way to it (a norm, a clip scale), by a constant the path does not feed.
+            along = [i for i in op.inputs if i.op in path]
+            other = [i for i in op.inputs if i.op not in path]
+            if len(along) != 1 or len(other) != 1 or along[0].shape != g.shape or not g.shape.is_fully_defined():
+                continue
+            if op.type != "Mul" and op.inputs[1] is not other[0]:
+                continue
+            value = tf.get_static_value(other[0])
+            if value is not None and np.size(value) == 1:
+                weight *= float(np.asarray(value)) ** SCALES[op.type]
+        found.add(round(weight, 12))
+    return [found.pop()] * towers if len(found) == 1 else None
 
 
 def logits_of(loss: Any) -> Optional[Any]:
@@ -356,10 +420,12 @@ def find(graph: Any, train_op: Any) -> Found:
         raise CaptureError(f"the training run fetched {train_op.name}, which leads to no update of a variable")
     updates = tf1_graph.optimizer_updates(graph, pairs)
     rates = [u.rate for u in updates.values() if u.rate is not None]
-    losses = tower_losses(graph, updates)
+    starts = gradient_starts(graph, updates)
+    losses = list(starts)
     global_step = find_global_step(graph, ahead, by_name)
     return Found(train_op, updates, pairs, rates[0] if rates else None, global_step, losses,
-                 [logits_of(loss) for loss in losses], [t for t in (tower_input(loss) for loss in losses) if t])
+                 [logits_of(loss) for loss in losses], [t for t in (tower_input(loss) for loss in losses) if t],
+                 tower_weights([g for g, _ in pairs], list(starts.values())))
 
 
 def find_global_step(graph: Any, ahead: set[Any], by_name: dict[str, Any]) -> Any:
@@ -399,11 +465,12 @@ class Shadows:
         return self.of.get(variable.op.name)
 
 
-def found_feed(inputs: Sequence[TowerInput], towers: int) -> Callable[[Batch, bool], TowerFeed]:
+def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float]) -> Callable[[Batch, bool], TowerFeed]:
     """The feed of a captured program: the batch cut in equal parts over the distinct sources (in
     tower order), each source's outputs fed its part, each tower taking all of its source's rows or
-    its tf.split part of them.  A source with a static batch size takes exactly that many rows
-    (NotFed otherwise: a batch the program never receives)."""
+    its tf.split part of them; `weights`, each tower's weight in what is applied (`tower_weights`).  A
+    source with a static batch size takes exactly that many rows (NotFed otherwise: a batch the program
+    never receives)."""
     sources = list(dict.fromkeys(t.x for t in inputs))
 
     def feed(batch: Batch, training: bool) -> TowerFeed:
@@ -430,12 +497,13 @@ def found_feed(inputs: Sequence[TowerInput], towers: int) -> Callable[[Batch, bo
                 share = len(take) // t.parts
                 take = take[t.part * share:(t.part + 1) * share]
             rows.append(take)
-        return TowerFeed(feed_dict, rows, [1 / towers] * towers)
+        return TowerFeed(feed_dict, rows, list(weights))
     return feed
 
 
-# What an adapter may name: every field of the LegacyGraph, and the towers' input rows.
-NAMES = tuple(f.name for f in dataclasses.fields(LegacyGraph)) + ("inputs",)
+# What an adapter may name: every field of the LegacyGraph, the towers' input rows and their weights.
+FOUND_ONLY = ("inputs", "tower_weights")
+NAMES = tuple(f.name for f in dataclasses.fields(LegacyGraph)) + FOUND_ONLY
 
 
 class CapturedLegacy:
@@ -446,7 +514,7 @@ class CapturedLegacy:
     its flag for the tower count, which the harness sets last.  cwd: files -> the folder to run it in
     (for a program that reads or writes relative paths), or None.  names: what `find` cannot find or
     finds otherwise than the program means it, by field of LegacyGraph (any of NAMES: `loss`,
-    `tower_losses`, `feed`, ...) or `inputs` (the towers' TowerInputs), each a callable of the captured
+    `tower_losses`, `feed`, ...), `inputs` (the towers' TowerInputs) or `tower_weights`, each a callable of the captured
     graph and Found; every one named is used, and a name of no field is refused when the side is made.
     evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
     pipeline check reads this many steps (capability 'pipelines').
@@ -490,14 +558,18 @@ class CapturedLegacy:
         if len(inputs) != len(losses):
             raise CaptureError(f"found the input rows of {len(inputs)} of {len(losses)} towers: name them "
                                f"(names={{'inputs': ...}})")
-        with captured.graph.as_default():
-            loss = named["loss"] if "loss" in named else tf.add_n(list(losses)) / len(losses)
+        weights = named.get("tower_weights", found.tower_weights)
+        if weights is None or len(weights) != len(losses):
+            raise CaptureError(f"how the graph combines the {len(losses)} towers' gradients is not a sum or a mean "
+                               f"of them: name each tower's weight (names={{'tower_weights': ...}})")
+        with captured.graph.as_default():  # the combined loss the applied gradients are the gradients of
+            loss = named["loss"] if "loss" in named else tf.add_n([w * t for w, t in zip(weights, losses)])
         pipeline = None
         if captured.graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) and self.pipeline_steps:
             sources = list(dict.fromkeys((t.x, t.y) for t in inputs))
             pipeline = LegacyPipeline(train=sources, steps=self.pipeline_steps, queue_runners=True)
-        built = LegacyGraph(feed=found_feed(inputs, len(losses)), tower_logits=logits, tower_losses=losses,
+        built = LegacyGraph(feed=found_feed(inputs, weights), tower_logits=logits, tower_losses=losses,
                             loss=loss, grads_and_vars=found.grads_and_vars, train_op=found.train_op,
                             global_step=found.global_step, learning_rate=found.learning_rate,
                             moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)
-        return dataclasses.replace(built, **{k: v for k, v in named.items() if k != "inputs"})
+        return dataclasses.replace(built, **{k: v for k, v in named.items() if k not in FOUND_ONLY})

@@ -9,10 +9,12 @@ in TF2 behaviour (eager, Keras 3), whatever the program switched.
 import dataclasses
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from compare import harness
+from compare.interface import Batch
 from compare.capture import CapturedLegacy, CaptureError, capture, find, parse_flags
 from conftest import ROOT
 from examples.split_towers import adapter, modern_train
@@ -149,4 +151,23 @@ def test_names_takes_every_field_it_documents_and_refuses_one_it_does_not(tmp_pa
                           names={"loss": lambda graph, found: graph.get_tensor_by_name("total_loss:0")})
     built = side.build(side.parse_args([]), 2, {})
     assert built.loss.name == "total_loss:0"
+    assert tf.executing_eagerly()
+
+
+@pytest.mark.parametrize("average, weights", [(False, [1.0, 1.0]), (True, [0.5, 0.5])])
+def test_the_towers_weights_and_the_combined_loss_are_read_from_the_graph(tmp_path, average, weights):
+    """model_deploy divides each clone's loss by the clone count and sums the clones' gradients (weights
+    1); the classic tutorial averages whole tower losses' gradients (1/N).  The combined loss the
+    harness judges is then the program's own total loss, to the last bit's worth."""
+    argv = ["--session", "supervisor", "--train_dir", str(tmp_path / "train")] + (["--average"] if average else [])
+    side = CapturedLegacy(SESSIONS, lambda towers, files: argv, "--num_gpus")
+    built = side.build(side.parse_args([]), 2, {})
+    assert built.feed(dataclasses.replace(Batch(np.zeros((16, 6), np.float32), np.zeros(16, np.int32))),
+                      True).weights == weights
+    with built.graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=built.graph, config=side.captured.config) as sess:
+        sess.run(init)
+        combined, total = sess.run([built.loss, built.graph.get_tensor_by_name("total_loss:0")])
+    assert abs(combined - total) <= 1e-6 * abs(total), (combined, total)
     assert tf.executing_eagerly()

@@ -1,7 +1,8 @@
 """A small TF1 tower program written here, trained through the session kind --session names.
 
 Two towers (model_deploy's way: each tower's loss divided by the tower count, the weight decay on
-tower 0 only, the towers' gradients summed) on a one-shot tf.data iterator over a fixed random set;
+tower 0 only, the towers' gradients summed; with --average the classic tutorial's: each tower's loss
+whole, with its weight decay, the gradients averaged) on a one-shot tf.data iterator over a fixed random set;
 softmax regression; gradient descent.  --session: plain (tf.Session), monitored (MonitoredSession),
 monitored_training (MonitoredTrainingSession), supervisor (tf.train.Supervisor), slim
 (slim.learning.train, which runs a Supervisor).  All but plain finalize the graph before training.
@@ -16,6 +17,7 @@ flags.DEFINE_string('session', 'plain', 'plain, monitored, monitored_training, s
 flags.DEFINE_string('train_dir', '/tmp/train_sessions', 'where the supervisors write')
 flags.DEFINE_integer('num_gpus', 2, 'towers')
 flags.DEFINE_integer('batch_size', 8, 'rows per tower')
+flags.DEFINE_boolean('average', False, 'the classic way instead: tower losses whole, gradients averaged')
 FLAGS = flags.FLAGS
 
 
@@ -25,6 +27,8 @@ def tower_loss(x, y, tower):
     b = tf.get_variable('biases', [3], initializer=tf.zeros_initializer())
   logits = tf.matmul(x, w) + b
   loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+  if FLAGS.average:
+    return loss + 1e-3 * tf.nn.l2_loss(w)
   loss = loss / FLAGS.num_gpus
   if tower == 0:
     loss += 1e-3 * tf.nn.l2_loss(w)
@@ -46,8 +50,13 @@ def main(_):
       loss = tower_loss(xs_split[i], ys_split[i], i)
       losses.append(loss)
       grads.append(opt.compute_gradients(loss))
-  summed = [(tf.add_n([g for g, _ in pairs]), pairs[0][1]) for pairs in zip(*grads)]
-  total_loss = tf.add_n(losses, name='total_loss')
+  if FLAGS.average:
+    summed = [(tf.reduce_mean(tf.concat([tf.expand_dims(g, 0) for g, _ in pairs], 0), 0), pairs[0][1])
+              for pairs in zip(*grads)]
+    total_loss = tf.reduce_mean(losses, name='total_loss')
+  else:
+    summed = [(tf.add_n([g for g, _ in pairs]), pairs[0][1]) for pairs in zip(*grads)]
+    total_loss = tf.add_n(losses, name='total_loss')
   train_op = opt.apply_gradients(summed, global_step=global_step)
   with tf.control_dependencies([train_op]):
     train_tensor = tf.identity(total_loss, name='train_op')
