@@ -103,7 +103,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
         rows = max(1, units // int(np.prod(shape)))
         ones = np.ones((rows, *shape), np.float32)
         rate = float(legacy.sess.run(ds[0].rate, feed))
-        out_l = legacy.sess.run([d.output for d in ds], {**feed, **{d.input: ones for d in ds}})
+        out_l = legacy_dropout_outputs(legacy.sess, ds, feed, ones)
         out_m = modern_dropout(modern, k, rows, shape, sides.towers)
         kp = 1 - rate
         sigma = np.sqrt(kp * (1 - kp) / ones.size)
@@ -122,6 +122,20 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
                    note=f"rate {rate:g}, {rows}x{'x'.join(map(str, shape))} units per tower: " + "; ".join(notes))
 
     return diagnosis.guarded(result, lambda: _localise_dropout(sides, by_k, kept_m, units))
+
+
+def legacy_dropout_outputs(sess: Any, ds: Sequence[tf1_graph.Dropout], feed: dict,
+                           ones: np.ndarray) -> list[np.ndarray]:
+    """Each tower's dropout (`ds`, one per tower) on `ones`, as the legacy graph computes it.  Where the
+    graph fixes the dropout input's batch (a queue's static batch size), the rows are fed that many at
+    a time, each run drawing new masks, and put together: no tensor is fed a batch of another size."""
+    static = ds[0].input.shape[0] if ds[0].input.shape.rank else None
+    if static is None or int(static) == len(ones):
+        return sess.run([d.output for d in ds], {**feed, **{d.input: ones for d in ds}})
+    size = int(static)
+    chunks = [sess.run([d.output for d in ds], {**feed, **{d.input: ones[:size] for d in ds}})
+              for _ in range(-(-len(ones) // size))]
+    return [np.concatenate([chunk[t] for chunk in chunks])[:len(ones)] for t in range(len(ds))]
 
 
 def _mask_statistics(label: str, outs: Sequence[np.ndarray], kp: float
