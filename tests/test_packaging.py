@@ -104,3 +104,12 @@ def test_installed_package_serves_tf1_layers_from_any_folder(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"shape (4, 2) from {site}" in done.stdout
+
+
+def test_every_package_folder_is_installed():
+    """`pip install .` installs the packages [tool.setuptools] lists, and only those: a folder with an
+    __init__.py that the list lacks (a subpackage such as legacy/run_tf1/) would be missing."""
+    listed = set(SETUPTOOLS["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts) for top in {name.split(".")[0] for name in listed}
+             for init in (ROOT / top).rglob("__init__.py")}
+    assert found == listed
