@@ -29,3 +29,19 @@ def test_the_tiny_pair_has_a_tolerance_with_power(tmp_path):
     results = judged(tiny_pair.PAIR, tmp_path)
     assert "tolerances with power" not in [r.check for r in results]
     assert results and all(r.status != "FAIL" for r in results)
+
+
+def test_a_flags_check_that_could_build_no_flag_is_not_applicable_never_a_pass(tmp_path, monkeypatch):
+    """A program whose every shared flag builds something no batch of the harness's fits (a queue's
+    static batch) has had nothing judged: NOT APPLICABLE with the reason."""
+    from compare.checks import flags
+    from compare.interface import NotFed
+
+    def unfed(*args, **kwargs):
+        raise NotFed("the queue gives 128 rows a step")
+    monkeypatch.setattr(flags, "first_changes", unfed)
+    settings = harness.Settings(towers=2, steps=1, free_steps=2, only=("flags",))
+    results = {r.check: r for r in harness.judge_pair(tiny_pair.PAIR, settings, str(tmp_path), log=lambda *_: None)}
+    result = results["flags through what they build"]
+    assert result.status == "NOT APPLICABLE", result
+    assert "no shared flag could be judged" in result.note and "128 rows" in result.note

@@ -418,6 +418,9 @@ def check_flags(sides: Sides) -> Result:
         for s in opened:
             s.close()
     loop = ", ".join(f"{f} ({why})" for f, why in sorted(pair.loop_flags.items()))
+    if not errors:  # nothing judged is no PASS
+        return not_applicable(name, pair.name, f"no shared flag could be judged: no batch of the harness's fits what "
+                                               f"they build: {'; '.join(unfed)}")
     return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
                  note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
                       + (f"; read by the training loop only, not judged here: {loop}" if loop else "")
