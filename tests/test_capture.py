@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from compare import capture as capture_module
 from compare import harness
-from compare.interface import Batch
+from compare.interface import Batch, Pair
 from compare.capture import CapturedLegacy, CaptureError, capture, find, parse_flags
+from compare.legacy_run import LegacyRun
 from conftest import ROOT
 from examples.split_towers import adapter, modern_train
 
@@ -143,6 +145,37 @@ def test_a_program_is_captured_through_every_session_kind_and_its_finalize_is_he
     assert tf.executing_eagerly()
 
 
+class SessionsData:
+    """Rows as train_sessions.py's towers take them (6 features, 3 classes)."""
+
+    def write(self, folder, towers, seed):
+        return {}
+
+    def batch(self, rows, seed):
+        rng = np.random.RandomState(seed)
+        return Batch(rng.normal(size=(rows, 6)).astype(np.float32), rng.randint(0, 3, rows).astype(np.int32))
+
+
+@pytest.mark.parametrize("session", ["plain", "monitored", "monitored_training", "supervisor", "slim"])
+def test_the_harness_builds_its_ops_and_trains_a_step_through_every_session_kind(tmp_path, session):
+    """CapturedLegacy.build and compare.legacy_run's LegacyRun (its taps, setters, initializer, savers in
+    the program's graph) on a program whose session finalizes the graph, then one legacy step: nothing
+    raises 'Graph is finalized', the step is the program's own (its global step moves by one)."""
+    side = CapturedLegacy(SESSIONS, lambda towers, files: ["--session", session, "--train_dir",
+                                                            str(tmp_path / "train")], "--num_gpus")
+    pair = Pair(name="sessions", legacy=side, modern=None, data=SessionsData(), rows_per_tower=8)
+    legacy = LegacyRun(pair, side.parse_args([]), 2, {}, seed=0)
+    try:
+        assert side.captured.finalized == (session != "plain")
+        before = legacy.state()
+        outcome = legacy.step(SessionsData().batch(16, 1))
+        assert np.isfinite(outcome.loss) and legacy.state().step == before.step + 1
+        assert sorted(outcome.gradients) == ["model/biases", "model/weights"]
+    finally:
+        legacy.close()
+    assert tf.executing_eagerly()
+
+
 def test_names_takes_every_field_it_documents_and_refuses_one_it_does_not(tmp_path):
     with pytest.raises(CaptureError, match=r"names= has no field 'losss': it takes feed, tower_logits, "):
         CapturedLegacy(SESSIONS, lambda towers, files: [], "--num_gpus", names={"losss": lambda graph, found: None})
@@ -154,20 +187,66 @@ def test_names_takes_every_field_it_documents_and_refuses_one_it_does_not(tmp_pa
     assert tf.executing_eagerly()
 
 
-@pytest.mark.parametrize("average, weights", [(False, [1.0, 1.0]), (True, [0.5, 0.5])])
-def test_the_towers_weights_and_the_combined_loss_are_read_from_the_graph(tmp_path, average, weights):
-    """model_deploy divides each clone's loss by the clone count and sums the clones' gradients (weights
-    1); the classic tutorial averages whole tower losses' gradients (1/N).  The combined loss the
-    harness judges is then the program's own total loss, to the last bit's worth."""
+def weights_and_losses(tmp_path, average):
+    """(the towers' weights in the feed, the combined loss the harness judges, the program's own
+    total_loss), the two losses of one batch."""
     argv = ["--session", "supervisor", "--train_dir", str(tmp_path / "train")] + (["--average"] if average else [])
     side = CapturedLegacy(SESSIONS, lambda towers, files: argv, "--num_gpus")
     built = side.build(side.parse_args([]), 2, {})
-    assert built.feed(dataclasses.replace(Batch(np.zeros((16, 6), np.float32), np.zeros(16, np.int32))),
-                      True).weights == weights
+    weights = built.feed(Batch(np.zeros((16, 6), np.float32), np.zeros(16, np.int32)), True).weights
     with built.graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(graph=built.graph, config=side.captured.config) as sess:
         sess.run(init)
         combined, total = sess.run([built.loss, built.graph.get_tensor_by_name("total_loss:0")])
-    assert abs(combined - total) <= 1e-6 * abs(total), (combined, total)
     assert tf.executing_eagerly()
+    return weights, combined, total
+
+
+@pytest.mark.parametrize("average, weights", [(False, [1.0, 1.0]), (True, [0.5, 0.5])])
+def test_the_towers_weights_and_the_combined_loss_are_read_from_the_graph(tmp_path, average, weights):
+    """model_deploy divides each clone's loss by the clone count and sums the clones' gradients (weights
+    1); the classic tutorial averages whole tower losses' gradients (1/N).  The combined loss the
+    harness judges is then the program's own total loss, to the last bit's worth."""
+    found, combined, total = weights_and_losses(tmp_path, average)
+    assert found == weights
+    assert abs(combined - total) <= 1e-6 * abs(total), (combined, total)
+
+
+def test_the_old_assumption_of_weights_1_over_n_misses_a_model_deploy_total_loss(tmp_path, monkeypatch):
+    """Planted: the towers weighted 1/N whatever the graph says (the assumption this replaced).  On the
+    summing program the combined loss is then half its own total loss, which the check above catches."""
+    monkeypatch.setattr(capture_module, "tower_weights", lambda applied, starts: [1 / len(starts)] * len(starts))
+    found, combined, total = weights_and_losses(tmp_path, average=False)
+    assert found == [0.5, 0.5]
+    assert not abs(combined - total) <= 1e-6 * abs(total)
+    assert abs(combined - total / 2) <= 1e-6 * abs(total)
+
+
+def joined_weights(join):
+    """The weights `tower_weights` reads from a two-tower graph built here whose towers' gradients are
+    joined by `join` (a function of the per-tower gradients of one variable -> the applied gradient)."""
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3])
+        w = tf1.get_variable("w", [3, 2], initializer=tf1.ones_initializer())
+        opt = tf1.train.GradientDescentOptimizer(0.1)
+        per_tower = []
+        for i, part in enumerate(tf.split(x, 2)):
+            with tf1.name_scope("tower_%d" % i):
+                per_tower.append(opt.compute_gradients(tf.reduce_mean(tf.matmul(part, w) ** 2), [w])[0][0])
+        train_op = opt.apply_gradients([(join(per_tower), w)])
+    return find(graph, train_op).tower_weights
+
+
+@pytest.mark.parametrize("join, weights", [
+    (lambda g: tf.add_n(g) / 2, [0.5, 0.5]),                                  # a sum divided by the count
+    (lambda g: tf.add_n(g) * 0.25, [0.25, 0.25]),                             # ... multiplied by a constant
+    (lambda g: tf.reduce_mean(tf.stack(g), 0), [0.5, 0.5]),                   # a mean over a stack
+    (lambda g: tf.reduce_sum(tf.stack(g), 0), [1.0, 1.0]),                    # a sum over a stack
+    (lambda g: tf.clip_by_global_norm([tf.add_n(g)], 0.1)[0][0], [1.0, 1.0]),  # a clip scale is no weight
+    (lambda g: tf.maximum(g[0], g[1]), None),                                 # not a sum or a mean: refused
+])
+def test_the_ways_of_joining_the_towers_gradients_are_read(join, weights):
+    assert joined_weights(join) == weights
