@@ -57,6 +57,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "keep_prob against rate: tf.nn.dropout(keep_prob=p) keeps p of the units, keras.layers.Dropout(rate) "
           "drops rate of them: Dropout(p) keeps 1 - p",
           "the TF2 migration guide (tf.nn.dropout's rate argument)"),
+    Cause("replica_masks", "dropout",
+          "dropout masks under MirroredStrategy: keras.layers.Dropout draws stateless_dropout from its seed "
+          "generator's state, a mirrored variable, so every replica drops the same units, where each TF1 tower's "
+          "tf.nn.dropout is a random_uniform op of its own that draws a mask of its own",
+          "keras-team/keras SeedGenerator under tf.distribute; each tower's own op in the TF1 graph"),
     Cause("regulariser_scale", "gradients",
           "regulariser scale: tf.nn.l2_loss (slim's l2_regularizer) is sum(w^2) / 2, Keras' L2(l) is l sum(w^2); "
           "a custom loop under MirroredStrategy that adds model.losses in every replica counts them once per "
@@ -448,6 +453,20 @@ def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, flo
                 else "the port warms up with num_updates where the original does not")
         return likely("ema_warmup", what, worst, tol)
     return unexplained(["ema_warmup"])
+
+
+def explain_replica_masks(agree: float, expected: float, sigma: float, retry: Callable[[], float]) -> str:
+    """The replica_masks entry: the port's replicas' masks agree on `agree` of the units where independent
+    masks agree on `expected`; `retry()` gives their agreement with each replica's id folded into its seed."""
+    if agree - expected <= 5 * sigma:
+        return unexplained(["replica_masks"])
+    again = retry()
+    error = abs(again - expected)
+    if error <= 5 * sigma:
+        return likely("replica_masks", f"the port's replicas drop the same units (they agree on {agree:.4f}); with "
+                                       f"each replica's id folded into its seed they agree on {again:.4f}, as "
+                                       f"independent masks do ({expected:.4f})", error, 5 * sigma)
+    return unexplained(["replica_masks"])
 
 
 def explain_dropout(kept: float, rate_legacy: float, sigma: float, retry: Callable[[], float]) -> str:

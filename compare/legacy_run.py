@@ -172,6 +172,17 @@ class LegacyRun:
                     feed[d.noise] = per_tower[d.tower or 0]
         return Fed(feed, tower_feed)
 
+    def dropouts_on(self, batch: Batch, training: bool) -> list[tf1_graph.Dropout]:
+        """The dropouts that drop units when the towers' logits are computed from `batch` as the
+        program feeds it (their noise runs, at a rate above 0): in inference mode, none for a program
+        that has an inference mode (is_training fed False, or keep_prob fed 1); every one of a network
+        built with is_training=True in the training graph (slim's default), which has none."""
+        feed = self.feed(batch, training).feed_dict
+        runs = tf1_graph.running(self.lg.tower_logits, feed)
+        on = [d for d in self.dropouts if d.noise.op in runs]
+        rates = self.sess.run([d.rate for d in on], feed)
+        return [d for d, rate in zip(on, rates) if float(rate) > 0]
+
     def dropout_index(self, dropout: tf1_graph.Dropout) -> int:
         """The position of a dropout among its tower's dropouts (k-th dropout of the network)."""
         same = [d for d in self.dropouts if d.tower == dropout.tower]

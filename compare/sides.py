@@ -15,13 +15,14 @@ momentum slot is -lr times TF1's accumulator) and out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from compare import common
+from compare import common, tf1_graph
 from compare.interface import Batch, DataFiles, Pair, Pairing
 from compare.legacy_run import HarnessError, LegacyRun, TowerRows
 from compare.modern_run import ModernRun, check_variable_map
@@ -45,6 +46,13 @@ class Sides:
     start: State = dataclasses.field(default_factory=lambda: State({}, {}, 0))
     start_path: str = ""
     tolerances: Optional[Tolerances] = None
+
+    @functools.cached_property
+    def always_on(self) -> list[tf1_graph.Dropout]:
+        """The legacy dropouts that are on in inference mode too (the graph has no inference mode:
+        a network built with is_training=True, whatever is fed); [] where inference mode is
+        deterministic.  The harness imposes their masks wherever it compares logits."""
+        return self.legacy.dropouts_on(self.batch(seed=97), False)
 
     @property
     def tol(self) -> Tolerances:

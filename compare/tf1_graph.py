@@ -13,6 +13,7 @@ replace any feedable tensor), so the program's own ops run as built.
                         with the statistic x it moves toward, 1 - d, and the tower it belongs to
     dropouts            each `tf.nn.dropout`: its uniform noise (feed it to impose a mask), rate,
                         input and output, and its tower
+    running             the ops a fetch runs under a feed (a fed tensor's op and its inputs do not)
     fan_ins             the contraction size of every forward matmul and convolution of tower 0
     StepFunction        a tensor as a function of the global step (a learning rate, a decay), evaluated
                         without the control dependencies it was built under
@@ -103,6 +104,14 @@ def ancestors(tensors: Iterable[Any]) -> set[Any]:
 def descendants(ops: Iterable[Any]) -> set[Any]:
     """Every op that consumes the outputs of `ops`, transitively through data inputs (`ops` included)."""
     return _closure(list(ops), lambda op: [c for t in op.outputs for c in t.consumers()])
+
+
+def running(tensors: Iterable[Any], fed: Iterable[Any]) -> set[Any]:
+    """The ops that run when `tensors` are fetched with `fed` (tensors) in the feed: `ancestors`,
+    stopping at a fed tensor's op, which does not run either (the feed replaces its output)."""
+    stops = {getattr(t, "op", t) for t in fed}
+    return _closure([t.op if hasattr(t, "op") else t for t in tensors],
+                    lambda op: [] if op in stops else [*(i.op for i in op.inputs), *op.control_inputs]) - stops
 
 
 def _closure(stack: list[Any], neighbours: Callable[[Any], list[Any]]) -> set[Any]:

@@ -43,6 +43,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from compare import tf1_graph
 from compare.interface import Batch
 from compare.measures import grad_errors
 from compare.report import EPS32, MARGIN, Result, TensorError, Tolerance, Tolerances, judge, tensor_error
@@ -64,8 +65,9 @@ def fan_in_estimate(fan_ins: Sequence[int]) -> float:
     return 2 * EPS32 * sum(math.sqrt(k) for k in fan_ins)
 
 
-def logits(sides: Sides, batch: Batch) -> list[np.ndarray]:
-    fed = sides.legacy.feed(batch, False)
+def logits(sides: Sides, batch: Batch, masks: Masks) -> list[np.ndarray]:
+    """The towers' logits in inference mode, with `masks` imposed on a dropout that is on there too."""
+    fed = sides.legacy.feed(batch, False, masks)
     return sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), fed.feed_dict)
 
 
@@ -81,8 +83,8 @@ def derive(sides: Sides, steps: int) -> Tolerances:
     moved = Batch(np.nextafter(batch.x, np.float32(np.inf)) if np.issubdtype(batch.x.dtype, np.floating)
                   else batch.x, batch.y)
     legacy.restore(sides.start)
-    masks = fixed_masks(sides, batch)
-    out_a, out_b, out_m = logits(sides, batch), logits(sides, batch), logits(sides, moved)
+    masks, inference_masks = fixed_masks(sides, batch), fixed_masks(sides, batch, training=False)
+    out_a, out_b, out_m = (logits(sides, b, inference_masks) for b in (batch, batch, moved))
     first, again = legacy.gradients(batch, masks), legacy.gradients(batch, masks)
     loss_a, grads_a, loss_b, grads_b = first.loss, first.gradients, again.loss, again.gradients
     loss_m = float(legacy.run(legacy.lg.loss, moved, True, masks))
@@ -102,17 +104,9 @@ def derive(sides: Sides, steps: int) -> Tolerances:
 def random_ops(sides: Sides) -> list[str]:
     """The random ops tower 0's logits depend on in the legacy graph, as the program feeds them (those
     the harness feeds, such as a dropout's noise it imposes, do not run)."""
-    legacy = sides.legacy
-    fed = {getattr(t, "op", t) for t in legacy.feed(sides.batch(seed=97), False).feed_dict}
-    seen, stack = set(), [legacy.lg.tower_logits[0].op]
-    while stack:  # the ops that run: back from the logits, stopping at what is fed
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op not in fed:
-            stack.extend([*(i.op for i in op.inputs), *op.control_inputs])
-    return sorted(op.name for op in seen if op.type in RANDOM_OPS)
+    batch = sides.batch(seed=97)
+    fed = sides.legacy.feed(batch, False, fixed_masks(sides, batch, training=False)).feed_dict
+    return sorted(op.name for op in tf1_graph.running(sides.legacy.lg.tower_logits[:1], fed) if op.type in RANDOM_OPS)
 
 
 def power(sides: Sides) -> list[Result]:
@@ -170,13 +164,14 @@ def row_order_tolerances(sides: Sides, batch: Batch, masks: Masks, grads: Mappin
     return out
 
 
-def fixed_masks(sides: Sides, batch: Batch) -> Masks:
+def fixed_masks(sides: Sides, batch: Batch, training: bool = True) -> Masks:
     """Dropout noise for the legacy towers that does not change between runs (one seeded draw), so
-    that two runs differ only by what is measured."""
+    that two runs differ only by what is measured: in training mode, and in inference mode where a
+    dropout is on there too (`Sides.always_on`; None where none is)."""
     legacy = sides.legacy
-    if not legacy.dropouts:
+    if not legacy.dropouts or not (training or sides.always_on):
         return None
-    tower_feed = legacy.feed(batch, True).towers
+    tower_feed = legacy.feed(batch, training).towers
     rng = np.random.RandomState(sides.seed + 7)
     masks = []
     for k in range(max(legacy.dropout_index(d) for d in legacy.dropouts) + 1):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import types
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ from compare.modern_run import ModernRun
 from compare.report import Result, TensorError
 from compare.state import Masks
 from compare.sides import Sides, State, StepOutcome, TowerRows
+from modern.resnet_v2 import ReplicaDropout
 
 __all__ = ["FREE", "check_dropout", "check_free_variables", "check_inference", "check_training", "free_biases",
            "grad_errors", "gradient_errors", "gradient_judge", "step_both"]
@@ -63,7 +65,17 @@ def step_both(sides: Sides, batch: Batch, state: State, towers: Optional[TowerRo
 
 def check_inference(sides: Sides) -> Result:
     """Inference mode (the program's validation feed): each legacy tower's logits against the
-    model's on the same rows."""
+    model's on the same rows.  NOT APPLICABLE where the legacy graph has no inference mode (a
+    dropout on whatever is fed): its "inference" logits are training-mode logits with random masks,
+    which the port's inference does not compute; the training forward pass is judged instead, with
+    the same masks on both sides."""
+    if sides.always_on:
+        noise = sorted(d.noise.op.name for d in sides.always_on if not d.tower)
+        return not_applicable(f"{sides.label}forward (inference)", sides.pair.name,
+                              f"the legacy graph has no inference mode: its dropout noise ({', '.join(noise)}) "
+                              f"is drawn whatever the program feeds (a network built with is_training=True); the "
+                              f"forward pass is judged in training mode, with the same masks on both sides, by "
+                              f"'forward (training, same dropout masks)'")
     sides.set_both(sides.start)
     batch = sides.batch(seed=2)
     feed, tower_feed = sides.legacy.feed(batch, False)
@@ -183,8 +195,34 @@ def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
         where = (f"dropout {k} (the model's {layer.name}) keeps {kept:.4f} of the units where the legacy "
                  f"keeps {1 - rate_k:g}")
         return diagnosis.Diagnosis(where, causes.explain_dropout(kept, rate_k, sigma, retry), [], "dropouts")
+    for k in sorted(kept_m):
+        layer = modern.dropouts[k]
+        shape_k = tuple(by_k[k][0].noise.shape[1:])
+        rows_k = max(1, units // int(np.prod(shape_k)))
+        kp = 1 - kept_m[k][1]
+        expected, sigma = kp * kp + (1 - kp) ** 2, np.sqrt(0.25 / (rows_k * int(np.prod(shape_k))))
+        agree = mask_agreement(modern_dropout(modern, k, rows_k, shape_k, sides.towers))
+        if agree - expected <= 5 * sigma:
+            continue
+
+        def own_masks(layer: Any = layer, k: int = k, rows_k: int = rows_k,
+                      shape_k: tuple[int, ...] = shape_k) -> float:
+            layer.call = types.MethodType(ReplicaDropout.call, layer)  # each replica's id folded into its seed
+            try:
+                return mask_agreement(modern_dropout(modern, k, rows_k, shape_k, sides.towers))
+            finally:
+                del layer.call
+        where = (f"dropout {k} (the model's {layer.name}): its replicas' masks agree on {agree:.4f} of the units, "
+                 f"independent masks on {expected:.4f}")
+        return diagnosis.Diagnosis(where, causes.explain_replica_masks(agree, expected, sigma, own_masks), [],
+                                   "dropouts")
     return diagnosis.Diagnosis("every dropout keeps its legacy fraction: the masks or the scale part",
-                               causes.unexplained([]), [], "dropouts")
+                               causes.unexplained(["keep_prob", "replica_masks"]), [], "dropouts")
+
+
+def mask_agreement(outs: Sequence[np.ndarray]) -> float:
+    """The largest fraction of units on which two replicas' (towers') masks agree."""
+    return max((float(np.mean((a != 0) == (b != 0))) for a, b in itertools.combinations(outs, 2)), default=0.0)
 
 
 def modern_dropout(modern: ModernRun, k: int, rows: int, shape: tuple[int, ...], replicas: int) -> list[np.ndarray]:
