@@ -309,8 +309,11 @@ def tower_weights(applied: Sequence[Any], starts: Sequence[Any]) -> Optional[lis
     the op that first joins one gradient of every tower (its ancestors `starts`, one per tower), an
     AddN / Add (a sum: weight 1 each; model_deploy) or a concat / stack reduced by Mean (1/N: the
     classic average_gradients) or Sum (1), times every constant scalar the joined gradient is then
-    multiplied or divided by on its way to the update (a clip-by-norm scale is no constant)."""
+    multiplied or divided by on its way to the update (a clip-by-norm scale is no constant).  One
+    tower: nothing joins, its weight is 1 (model_deploy with one clone, or any program at --num_gpus 1)."""
     towers = len(starts)
+    if towers == 1:
+        return [1.0]
     regions = [tf1_graph.descendants([s]) for s in starts]
     found: set[float] = set()
     for g in applied:

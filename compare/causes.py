@@ -67,6 +67,12 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "a custom loop under MirroredStrategy that adds model.losses in every replica counts them once per "
           "replica",
           "keras-team/keras#19891; tf.nn.l2_loss's documentation"),
+    Cause("loss_scale", "gradients",
+          "the loss scaled by the replica count: each replica's loss averaged over its own rows (tf.reduce_mean, "
+          "a Keras loss's default reduction) and the replicas' gradients summed are N times the original's average "
+          "(a mean taken where the original sums: 1/N); tf.nn.compute_average_loss without global_batch_size takes "
+          "the local rows times N, which differs only where the replicas' rows are uneven",
+          "tf.nn.compute_average_loss's documentation; the TF2 custom-training-loop guide"),
     Cause("epsilon", "optimizer",
           "optimizer epsilon: Keras' optimizers default to 1e-7, TF1's Adam to 1e-8 and RMSProp to 1e-10",
           "tf.compat.v1.train.AdamOptimizer and keras.optimizers.Adam signatures"),
@@ -191,7 +197,8 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
                       weights: dict[str, np.ndarray], judge: Judge) -> str:
     """The regulariser-scale counterfactual: the port's gradient with its regulariser's term k c_m 2w
     taken out and the original's c_l 2w (where the original's loss adds it) put in, for k the ways a
-    port weighs its model.losses (once, once per replica, not at all).
+    port weighs its model.losses (once, once per replica, not at all); then the loss-scale one: the
+    port's data term (its gradient less its regulariser's) divided by the replica count, or multiplied.
     judge: candidate modern gradients -> (all within tolerance, worst error, its tolerance)."""
     tried = []
     reg_l, added = legacy_regularisers(sides)
@@ -213,6 +220,18 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
                 return likely("regulariser_scale", f"the port's L2 coefficient{'s' if len(names) > 1 else ''} "
                                                    f"{scale} (c in c sum(w^2)), its model.losses added {how}, "
                                                    f"replaced by the original's term", worst, tol)
+    tried.append("loss_scale")
+    n_rep = sides.towers
+    if n_rep > 1:
+        for s, how in ((float(n_rep), f"{n_rep} times"), (1 / n_rep, f"1/{n_rep} of")):
+            candidate = {}
+            for n, g in modern.items():
+                term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights else 0.0
+                candidate[n] = (np.asarray(g, np.float64) - term_m) / s + term_m
+            ok, worst, tol = judge(candidate)
+            if ok:
+                return likely("loss_scale", f"the port's data term (its gradients less its regularisers') {how} the "
+                                            f"original's, divided back", worst, tol)
     return unexplained(tried)
 
 
@@ -222,7 +241,7 @@ def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, 
     reg_l, added = legacy_regularisers(sides)
     reg_m, _ = modern_regularisers(sides)
     if not reg_l and not reg_m:
-        return unexplained([])
+        return explain_loss_scale(sides, legacy, modern, 0.0, tolerance, [])
     squares = {n: float(np.sum(np.square(np.asarray(weights[n], np.float64)))) for n in set(reg_l) | set(reg_m)}
     term_m = sum(c * squares[n] for n, c in reg_m.items())
     term_l = sum(c * squares[n] for n, c in reg_l.items() if n in added)
@@ -231,7 +250,21 @@ def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, 
         if error <= tolerance:
             return likely("regulariser_scale", f"the port's regularisers (sum {term_m:.4g}) added {how} to its loss, "
                                                f"the original's ({term_l:.4g}) in their place", error, tolerance)
-    return unexplained(["regulariser_scale"])
+    return explain_loss_scale(sides, legacy, modern, term_m, tolerance, ["regulariser_scale"])
+
+
+def explain_loss_scale(sides: Sides, legacy: float, modern: float, term_m: float, tolerance: float,
+                       tried: list[str]) -> str:
+    """The loss_scale entry on a loss whose layers all agree: the port's data term (its loss less its
+    regularisers' `term_m`) divided by the replica count, or multiplied by it."""
+    n_rep = sides.towers
+    if n_rep > 1:
+        for s, how in ((float(n_rep), f"{n_rep} times"), (1 / n_rep, f"1/{n_rep} of")):
+            error = abs((modern - term_m) / s + term_m - legacy) / max(abs(legacy), 1e-30)
+            if error <= tolerance:
+                return likely("loss_scale", f"the port's data term (its loss {modern:.4g} less its regularisers "
+                                            f"{term_m:.4g}) {how} the original's, divided back", error, tolerance)
+    return unexplained([*tried, "loss_scale"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -223,9 +223,9 @@ def test_the_old_assumption_of_weights_1_over_n_misses_a_model_deploy_total_loss
     assert abs(combined - total / 2) <= 1e-6 * abs(total)
 
 
-def joined_weights(join):
-    """The weights `tower_weights` reads from a two-tower graph built here whose towers' gradients are
-    joined by `join` (a function of the per-tower gradients of one variable -> the applied gradient)."""
+def joined_weights(join, towers=2):
+    """The weights `tower_weights` reads from a graph of `towers` towers built here whose towers' gradients
+    are joined by `join` (a function of the per-tower gradients of one variable -> the applied gradient)."""
     tf1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
@@ -233,7 +233,7 @@ def joined_weights(join):
         w = tf1.get_variable("w", [3, 2], initializer=tf1.ones_initializer())
         opt = tf1.train.GradientDescentOptimizer(0.1)
         per_tower = []
-        for i, part in enumerate(tf.split(x, 2)):
+        for i, part in enumerate(tf.split(x, towers)):
             with tf1.name_scope("tower_%d" % i):
                 per_tower.append(opt.compute_gradients(tf.reduce_mean(tf.matmul(part, w) ** 2), [w])[0][0])
         train_op = opt.apply_gradients([(join(per_tower), w)])
@@ -250,3 +250,9 @@ def joined_weights(join):
 ])
 def test_the_ways_of_joining_the_towers_gradients_are_read(join, weights):
     assert joined_weights(join) == weights
+
+
+def test_one_tower_has_weight_one_whatever_its_gradient_passes_through():
+    """At one tower (the flags check builds each program so) nothing joins: the weight is 1, not a refusal,
+    even where the gradient passes a constant scaling on its way (an l2 term's 2c w is no tower weight)."""
+    assert joined_weights(lambda g: g[0] + 0.01 * g[0], towers=1) == [1.0]

@@ -87,3 +87,21 @@ def test_keras_dropout_draws_one_mask_for_every_replica_and_fails_the_dropout_ch
     dropout = results["dropout (training mode)"]
     assert dropout.status == "FAIL" and "mask agreement" in dropout.worst.name
     assert dropout.diagnosis.cause.startswith("likely cause [replica_masks]"), dropout.diagnosis.cause
+
+
+def test_each_replica_averaging_its_own_rows_fails_the_loss_and_gradients_and_is_named(tmp_path, monkeypatch):
+    """Each replica's loss the mean over its own rows (tf.reduce_mean where the port needs
+    tf.nn.compute_average_loss): the replicas' summed gradients are N times the clones' (each clone's
+    mean is divided by the clone count)."""
+    def replica_loss(model, x, y, global_batch, label_smoothing):
+        logits = model(x, training=True)
+        per_row = keras.losses.categorical_crossentropy(tf.one_hot(y, modern_train.NUM_CLASSES), logits,
+                                                        from_logits=True, label_smoothing=label_smoothing)
+        return tf.reduce_mean(per_row) + tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+
+    monkeypatch.setattr(modern_train, "replica_loss", replica_loss)
+    results = judged(tmp_path, dataclasses.replace(SETTINGS, only=("training",)))
+    assert failed(results) == ["forward (training, same dropout masks)", "gradients (read out of the train step)"]
+    for check in failed(results):
+        cause = results[check].diagnosis.cause
+        assert cause.startswith("likely cause [loss_scale]") and "2 times the original's" in cause, cause
