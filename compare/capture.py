@@ -42,6 +42,7 @@ import dataclasses
 import os
 import re
 import sys
+import tempfile
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from unittest import mock
@@ -171,7 +172,7 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         why = (f"it raised while {env.failure.step} ({type(env.failure.error).__name__}: "
                f"{str(env.failure.error).strip().splitlines()[0][:200] if str(env.failure.error).strip() else ''})"
                if env.failure is not None else f"it ended with exit status {status}")
-        raise CaptureError(f"{program} {' '.join(argv)}: no training Session.run to capture: {why}")
+        raise CaptureError(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
     return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
 
 
@@ -472,8 +473,8 @@ def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float]) -> Callab
     """The feed of a captured program: the batch cut in equal parts over the distinct sources (in
     tower order), each source's outputs fed its part, each tower taking all of its source's rows or
     its tf.split part of them; `weights`, each tower's weight in what is applied (`tower_weights`).  A
-    source with a static batch size takes exactly that many rows (NotFed otherwise: a batch the program
-    never receives)."""
+    source with a static batch size takes exactly that many rows, and rows of the shape its graph
+    fixes (NotFed otherwise: a batch the program never receives)."""
     sources = list(dict.fromkeys(t.x for t in inputs))
 
     def feed(batch: Batch, training: bool) -> TowerFeed:
@@ -491,6 +492,11 @@ def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float]) -> Callab
             parts[x] = np.arange(k * size, (k + 1) * size)
             y = next(t.y for t in inputs if t.x is x)
             feed_dict[x], feed_dict[y] = batch.x[parts[x]], batch.y[parts[x]]
+            for tensor in (x, y):
+                if not tensor.shape.is_compatible_with(feed_dict[tensor].shape):
+                    raise NotFed(f"{tensor.name} takes rows of shape {tensor.shape.as_list()[1:]}: the harness's "
+                                 f"rows have {list(feed_dict[tensor].shape[1:])} (this program builds its input "
+                                 f"otherwise)")
         rows = []
         for t in inputs:
             take = parts[t.x]
@@ -547,7 +553,11 @@ class CapturedLegacy:
     def build(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyGraph:
         # The tower count the harness asks for, whatever the flags were parsed with (the flags check
         # builds each flag's program with one tower); the last value of a flag wins.
-        argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, files), self.tower_flag, str(towers)]
+        # A scratch folder of its own for every build: a Supervisor or MonitoredTrainingSession would
+        # otherwise restore what an earlier build wrote there (another flag's graph, another start).
+        own = dict(files, scratch=tempfile.mkdtemp(prefix="capture_", dir=files["scratch"])) if "scratch" in files \
+            else files
+        argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, own), self.tower_flag, str(towers)]
         captured = capture(self.program, argv, cwd=self.cwd(files) if self.cwd else None, log=self.log)
         self.captured, self._config = captured, captured.config
         found = find(captured.graph, captured.train_op)

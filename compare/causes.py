@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import keras
 import numpy as np
@@ -67,6 +67,12 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "a custom loop under MirroredStrategy that adds model.losses in every replica counts them once per "
           "replica",
           "keras-team/keras#19891; tf.nn.l2_loss's documentation"),
+    Cause("label_smoothing", "loss",
+          "label smoothing: tf.losses.softmax_cross_entropy(label_smoothing=s) and Keras' "
+          "CategoricalCrossentropy(label_smoothing=s) mix s/K into the targets; a port that drops it (or a sparse "
+          "cross-entropy, which has none) trains on other targets: the loss moves by s (U - CE) per row and the "
+          "logits' gradient by s (y - 1/K)",
+          "the TF1 losses' and Keras' loss documentation"),
     Cause("loss_scale", "gradients",
           "the loss scaled by the replica count: each replica's loss averaged over its own rows (tf.reduce_mean, "
           "a Keras loss's default reduction) and the replicas' gradients summed are N times the original's average "
@@ -104,6 +110,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "batch-norm statistics under MirroredStrategy: Keras 3 keeps the moving statistics per replica "
           "(aggregation NONE), so each copy moves with its own replica's rows and replica 0's is the one read",
           "keras-team/keras BatchNormalization under tf.distribute; the towers update one shared variable"),
+    Cause("ema_decay", "averages",
+          "the moving average's decay: a port that averages with another decay than the original's "
+          "ExponentialMovingAverage(decay) (0.9999 in the CIFAR-10 tutorial, 0.99 a common default elsewhere); "
+          "in the warm-up min(decay, (1 + n)/(10 + n)) both take the same value, past it they part",
+          "tf.train.ExponentialMovingAverage's documentation"),
     Cause("ema_warmup", "averages",
           "moving-average warm-up: tf.train.ExponentialMovingAverage(decay, num_updates=step) averages at "
           "min(decay, (1 + step) / (10 + step)); a port without it averages at decay from the first step",
@@ -251,6 +262,39 @@ def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, 
             return likely("regulariser_scale", f"the port's regularisers (sum {term_m:.4g}) added {how} to its loss, "
                                                f"the original's ({term_l:.4g}) in their place", error, tolerance)
     return explain_loss_scale(sides, legacy, modern, term_m, tolerance, ["regulariser_scale"])
+
+
+def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray, losses: tuple[float, float],
+                      per_smoothing: float, tolerance: float, tried: Sequence[str]) -> str:
+    """The label_smoothing entry on a loss whose layers all agree: the smoothing difference d that
+    the loss difference takes (the loss moves by d (U - CE) per row), and the port's gradient of the
+    bias the logits add last against the legacy one moved by d (y - 1/K) per row, up to one common
+    scale (a clip by the global norm scales each side's gradients by its own factor).
+
+    bias: (legacy, modern) gradient of that bias; direction: the rows' mean of (y - 1/K);
+    losses: (legacy, modern) loss; per_smoothing: the rows' mean of (U - CE), U the mean of -log p
+    over the classes, CE the true class's -log p."""
+    tried = [*tried, "label_smoothing"]
+    legacy, modern = (np.asarray(b, np.float64) for b in bias)
+    if len(direction) < 3:
+        return unexplained(tried)
+    basis = np.stack([legacy, direction], axis=1)
+    coef, *_ = np.linalg.lstsq(basis, modern, rcond=None)
+    error = float(np.linalg.norm(modern - basis @ coef) / max(np.linalg.norm(modern), 1e-30))
+    unclipped = abs(coef[0] - 1) <= tolerance  # no clip on either side: the move itself is d (y - 1/K)
+    if unclipped:
+        d = float(coef[1])
+        error = max(error, abs(losses[1] - d * per_smoothing - losses[0]) / max(abs(losses[0]), 1e-30))
+    elif per_smoothing != 0:
+        d = (losses[1] - losses[0]) / per_smoothing
+    else:
+        return unexplained(tried)
+    if abs(d) >= 1e-3 and error <= tolerance:
+        how = ("the logits-bias gradient's move and the loss's" if unclipped else
+               "the loss's move; the logits-bias gradient's components then agree up to a common scale, a clip")
+        return likely("label_smoothing", f"the port's label smoothing {d:+.3g} from the original's ({how})", error,
+                      tolerance)
+    return unexplained(tried)
 
 
 def explain_loss_scale(sides: Sides, legacy: float, modern: float, term_m: float, tolerance: float,
@@ -474,9 +518,11 @@ def explain_moving(judge: Callable[[MovingVariant], tuple[bool, float, float]], 
 
 
 def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, float, float]],
-                     d: Callable[[float], float], far: float) -> str:
+                     d: Callable[[float], float], far: float, fitted: Optional[float] = None) -> str:
     """The warm-up entry: the port's shadow updates against the legacy ones predicted with the decay
-    without its warm-up (d(far) at every step), or with TF1's warm-up where the legacy has none."""
+    without its warm-up (d(far) at every step), or with TF1's warm-up where the legacy has none.  Then
+    the decay entry: `fitted`, the decay the port's last shadow update took (past the warm-up), in
+    place of the original's, with the original's warm-up or its absence, at every step."""
     final = d(far)
     warm_up_in_legacy = d(0) != final
     variant = (lambda n: final) if warm_up_in_legacy else (lambda n: min(final, (1 + n) / (10 + n)))
@@ -485,7 +531,14 @@ def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, flo
         what = ("the port averages at the final decay from the first step (no num_updates)" if warm_up_in_legacy
                 else "the port warms up with num_updates where the original does not")
         return likely("ema_warmup", what, worst, tol)
-    return unexplained(["ema_warmup"])
+    if fitted is None or not 0 < fitted < 1:
+        return unexplained(["ema_warmup"])
+    own = fitted
+    ok, worst, tol = judge((lambda n: min(own, (1 + n) / (10 + n))) if warm_up_in_legacy else (lambda n: own))
+    if ok:
+        return likely("ema_decay", f"the port averages with decay {own:.6g} where the original's is {final:g}", worst,
+                      tol)
+    return unexplained(["ema_warmup", "ema_decay"])
 
 
 def explain_replica_masks(agree: float, expected: float, sigma: float, retry: Callable[[], float]) -> str:

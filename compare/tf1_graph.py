@@ -14,6 +14,7 @@ replace any feedable tensor), so the program's own ops run as built.
     dropouts            each `tf.nn.dropout`: its uniform noise (feed it to impose a mask), rate,
                         input and output, and its tower
     running             the ops a fetch runs under a feed (a fed tensor's op and its inputs do not)
+    logits_bias         the bias variable the logits add last
     fan_ins             the contraction size of every forward matmul and convolution of tower 0
     StepFunction        a tensor as a function of the global step (a learning rate, a decay), evaluated
                         without the control dependencies it was built under
@@ -104,6 +105,20 @@ def ancestors(tensors: Iterable[Any]) -> set[Any]:
 def descendants(ops: Iterable[Any]) -> set[Any]:
     """Every op that consumes the outputs of `ops`, transitively through data inputs (`ops` included)."""
     return _closure(list(ops), lambda op: [c for t in op.outputs for c in t.consumers()])
+
+
+def logits_bias(logits: Any, by_name: dict[str, Any]) -> Optional[str]:
+    """The name of the bias variable the logits add last (BiasAdd or Add of a vector variable), or None."""
+    op = logits.op
+    while op.type in ("Identity", "Reshape") and op.inputs:
+        op = op.inputs[0].op
+    if op.type not in ("BiasAdd", "Add", "AddV2"):
+        return None
+    for t in op.inputs:
+        v = variable_of(t, by_name)
+        if v is not None and v.shape.rank == 1:
+            return v.op.name
+    return None
 
 
 def running(tensors: Iterable[Any], fed: Iterable[Any]) -> set[Any]:

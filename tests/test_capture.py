@@ -106,6 +106,10 @@ def test_a_cross_entropy_without_label_smoothing_fails_the_loss_and_gradients(tm
                         lambda model, x, y, global_batch, label_smoothing: real(model, x, y, global_batch, 0.0))
     results = judged(tmp_path, dataclasses.replace(SETTINGS, only=("training",)))
     assert failed(results) == ["forward (training, same dropout masks)", "gradients (read out of the train step)"]
+    for check in failed(results):
+        cause = results[check].diagnosis.cause
+        assert cause.startswith("likely cause [label_smoothing]: the port's label smoothing -0.1 from the "
+                                "original's"), cause
 
 
 def test_flags_are_the_programs_own_absl_flags_and_remember_their_argv():

@@ -8,6 +8,7 @@ The correct port is judged at a tolerance with power (the dropout's masks impose
 are compared); the realistic port mistakes planted in its own code each FAIL, and are named.
 """
 import dataclasses
+import os
 
 import keras
 import tensorflow as tf
@@ -105,3 +106,33 @@ def test_each_replica_averaging_its_own_rows_fails_the_loss_and_gradients_and_is
     for check in failed(results):
         cause = results[check].diagnosis.cause
         assert cause.startswith("likely cause [loss_scale]") and "2 times the original's" in cause, cause
+
+
+def test_every_build_trains_in_a_folder_no_earlier_build_wrote(tmp_path):
+    """slim.learning.train's Supervisor restores the newest checkpoint of its train_dir: a build that
+    reused the folder of an earlier build (another flag's graph) would restore that graph's variables,
+    and fails where their shapes differ (TF-Slim's --labels_offset 1 in the flags check)."""
+    files = adapter.Data().write(str(tmp_path / "data"), 1, 0)
+    files["scratch"] = str(tmp_path / "scratch")
+    os.makedirs(files["scratch"])
+    legacy = adapter.PAIR.legacy
+    flags = legacy.parse_args([*adapter.PAIR.harness_argv(1), "--num_clones", "1"])
+    for _ in range(2):
+        legacy.build(flags, 1, files)
+    folders = sorted(os.listdir(files["scratch"]))
+    assert len(folders) == 2, folders
+    assert all(any(f.startswith("model.ckpt") for f in os.listdir(os.path.join(files["scratch"], d))) for d in folders)
+
+
+def test_label_smoothing_the_original_does_not_have_fails_the_loss_and_gradients_and_is_named(tmp_path, monkeypatch):
+    """The port smooths its labels by 0.1 (the original's default is 0): near the start the network's
+    predictions are near uniform and the loss hardly moves (2e-4), the logits' gradient does (0.1)."""
+    real = modern_train.replica_loss
+    monkeypatch.setattr(modern_train, "replica_loss", lambda model, x, y, global_batch, label_smoothing: real(
+        model, x, y, global_batch, 0.1))
+    results = judged(tmp_path, dataclasses.replace(SETTINGS, only=("training",)))
+    assert failed(results) == ["forward (training, same dropout masks)", "gradients (read out of the train step)"]
+    for check in failed(results):
+        cause = results[check].diagnosis.cause
+        assert cause.startswith("likely cause [label_smoothing]: the port's label smoothing +0.1 from the "
+                                "original's"), cause

@@ -63,6 +63,18 @@ def test_a_continuous_decay_where_the_tutorial_steps_fails_only_the_rate_checks(
                                                              "staircase=True"), results["lr schedule"].diagnosis
 
 
+def test_a_moving_average_decay_of_its_own_fails_the_averages_and_is_named(tmp_path, monkeypatch):
+    """ExponentialMovingAverage(0.99) where the tutorial averages at 0.9999: in the warm-up both take
+    (1 + n)/(10 + n); past it the port's shadows move a hundred times faster."""
+    real = modern_train.make_moving_average
+    monkeypatch.setattr(modern_train, "make_moving_average", lambda model, optimizer: real(model, optimizer, 0.99))
+    results = judged(tmp_path, dataclasses.replace(SETTINGS, only=("averages",)))
+    averages = results["moving average (unordered)"]
+    assert averages.status == "FAIL"
+    assert averages.diagnosis.cause.startswith("likely cause [ema_decay]: the port averages with decay 0.99 where "
+                                               "the original's is 0.9999"), averages.diagnosis.cause
+
+
 def test_local_response_normalisation_without_its_divide_by_nine_fails_the_forward_checks(tmp_path, monkeypatch):
     """alpha = 0.001 where the tutorial has 0.001 / 9 (a port from the layer's description)."""
     monkeypatch.setattr(modern_train.LocalResponseNorm, "call", lambda self, inputs: tf.nn.local_response_normalization(

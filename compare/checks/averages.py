@@ -96,8 +96,19 @@ def _localise_averages(result: Result, modern_errors: Sequence[TensorError], ste
         worst = max(e.rel_l2 for step in steps for e in _modern_shadow_errors(step, names, variant, tol))
         return worst <= tol.rel_l2, worst, tol.rel_l2
     where = f"first at {failing[0].name} ({failing[0].rel_l2:.3g} against {tol.rel_l2:.3g}); {regimes}"
-    return diagnosis.guarded(result, lambda: Diagnosis(where, causes.explain_averages(modern_judge, d, FAR), [],
-                                                       "averages"))
+    return diagnosis.guarded(result, lambda: Diagnosis(
+        where, causes.explain_averages(modern_judge, d, FAR, fitted_decay(steps[-1], names)), [], "averages"))
+
+
+def fitted_decay(step: ShadowStep, names: Sequence[str]) -> Optional[float]:
+    """The decay d that the port's shadow update of `step` took, s_after = s - (1 - d)(s - w_after),
+    by least squares over every shadow (None where no weight moved away from its shadow)."""
+    num = den = 0.0
+    for n in names:
+        gap = step.shadows[n].astype(np.float64) - step.w_after[n]
+        num += float(np.sum((step.shadows[n].astype(np.float64) - step.s_after[n]) * gap))
+        den += float(np.sum(gap * gap))
+    return 1 - num / den if den > 0 else None
 
 
 def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = None, suffix: str = "") -> list[Result]:

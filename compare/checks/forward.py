@@ -261,10 +261,14 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                            f"legacy update received vs the modern step's, {step.source}" + own_tolerances(sides),
                       extra={"free": free, "plot": "gradients" if not suffix else ""})
 
+    def outside() -> str:
+        found = causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights, sides.tol.model.rel_l2)
+        if not found.startswith(causes.UNEXPLAINED):
+            return found
+        return smoothing_cause(sides, batch, both, start, ["regulariser_scale", "loss_scale"])
+
     def localise_loss() -> diagnosis.Diagnosis:
         sides.set_both(start)
-        outside = lambda: causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights,  # noqa: E731
-                                              sides.tol.model.rel_l2)
         return diagnosis.localise_layers(sides, batch, training=True, explain=causes.explain_layer, outside=outside)
 
     def localise_gradients() -> diagnosis.Diagnosis:
@@ -279,6 +283,28 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
         return diagnosis.localise_gradients(sides, gradients, explain)
     diagnosis.guarded(loss, localise_loss)
     return [loss, diagnosis.guarded(gradients, localise_gradients)]
+
+
+def smoothing_cause(sides: Sides, batch: Batch, both: BothSteps, start: State, tried: list[str]) -> str:
+    """The label_smoothing entry (causes.explain_smoothing), measured on the legacy towers' logits of
+    `batch` from `start` with the masks the step used: every row the towers see weighs the same."""
+    legacy = sides.legacy
+    bias = tf1_graph.logits_bias(legacy.lg.tower_logits[0], legacy.by_name)
+    if bias is None or bias not in both.modern.gradients:
+        return causes.unexplained(tried)
+    legacy.restore(start)
+    logits = legacy.run(list(legacy.lg.tower_logits), batch, True, both.legacy.masks)
+    rows = [np.asarray(r, int) for r in both.towers.rows]
+    z = np.concatenate([np.asarray(t, np.float64) for t, r in zip(logits, rows) if len(r)])
+    k = z.shape[-1]
+    y = np.concatenate([np.asarray(batch.y)[r] for r in rows if len(r)])
+    onehot = y.astype(np.float64) if y.ndim == 2 else np.eye(k)[y.astype(int)]
+    log_p = z - z.max(axis=1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+    per_smoothing = float(np.mean(-log_p.mean(axis=1) + (onehot * log_p).sum(axis=1)))
+    return causes.explain_smoothing((both.legacy.gradients[bias], both.modern.gradients[bias]),
+                                    np.mean(onehot - 1.0 / k, axis=0), (both.legacy.loss, both.modern.loss),
+                                    per_smoothing, sides.tol.model.rel_l2, tried)
 
 
 def check_free_variables(sides: Sides) -> Result:
