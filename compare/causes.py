@@ -67,6 +67,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "a custom loop under MirroredStrategy that adds model.losses in every replica counts them once per "
           "replica",
           "keras-team/keras#19891; tf.nn.l2_loss's documentation"),
+    Cause("clip_per_replica", "gradients",
+          "clipping before the all-reduce: a clip by the global norm inside each replica (Keras' global_clipnorm "
+          "or clipnorm applied in replica context, tf.clip_by_global_norm in the replica function) clips each "
+          "replica's part of the gradient, where the original clips the towers' combined gradient",
+          "tensorflow/tensorflow#33929 and #36001"),
     Cause("label_smoothing", "loss",
           "label smoothing: tf.losses.softmax_cross_entropy(label_smoothing=s) and Keras' "
           "CategoricalCrossentropy(label_smoothing=s) mix s/K into the targets; a port that drops it (or a sparse "
@@ -82,6 +87,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
     Cause("epsilon", "optimizer",
           "optimizer epsilon: Keras' optimizers default to 1e-7, TF1's Adam to 1e-8 and RMSProp to 1e-10",
           "tf.compat.v1.train.AdamOptimizer and keras.optimizers.Adam signatures"),
+    Cause("slot_init", "optimizer",
+          "the optimizer's state at the start: TF1's RMSPropOptimizer starts its mean square at 1 (its slot "
+          "initialiser), Keras' RMSprop at 0; TF1's Adagrad its accumulator at 0.1, Keras' Adagrad at 0.1 too "
+          "but at initial_accumulator_value: a port with another start takes other first steps, whatever its rule",
+          "tf.compat.v1.train.RMSPropOptimizer's _create_slots; keras.optimizers.RMSprop.build"),
     Cause("momentum_parameterisation", "optimizer",
           "momentum: Keras' SGD keeps the velocity with the rate folded in (m = momentum m - lr g), TF1's "
           "MomentumOptimizer without it (a = momentum a + g; w -= lr a): the same only while the rate is constant",
@@ -262,6 +272,31 @@ def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, 
             return likely("regulariser_scale", f"the port's regularisers (sum {term_m:.4g}) added {how} to its loss, "
                                                f"the original's ({term_l:.4g}) in their place", error, tolerance)
     return explain_loss_scale(sides, legacy, modern, term_m, tolerance, ["regulariser_scale"])
+
+
+def explain_clip_per_replica(parts: Sequence[dict[str, np.ndarray]], combined: dict[str, np.ndarray],
+                             applied: dict[str, np.ndarray], modern: dict[str, np.ndarray], judge: Judge,
+                             tried: Sequence[str]) -> str:
+    """The clip_per_replica entry: where the original's applied gradient is its towers' combined one
+    clipped (its global norm below the combined one's: the clip norm is that norm), each replica's
+    part (`parts`, each tower's weighted gradient) clipped to that norm alone and then summed, against
+    the port's: the candidate handed to `judge` (which compares with the original's) is the port's
+    gradient less that prediction plus the original's, within tolerance exactly where the port
+    applied the prediction."""
+    tried = [*tried, "clip_per_replica"]
+    norm = lambda g: float(np.sqrt(sum(np.sum(np.square(np.asarray(v, np.float64))) for v in g.values())))  # noqa: E731
+    clip = norm(applied)
+    if len(parts) < 2 or not clip < norm(combined) * (1 - 1e-6):
+        return unexplained(tried)
+    predicted = {n: sum(np.asarray(p[n], np.float64) * min(1.0, clip / max(norm(p), 1e-30)) for p in parts)
+                 for n in applied}
+    candidate = {n: np.asarray(modern[n], np.float64) - predicted[n] + np.asarray(applied[n], np.float64)
+                 for n in modern if n in predicted}
+    ok, worst, tol = judge(candidate)
+    if ok:
+        return likely("clip_per_replica", f"each of the {len(parts)} replicas' parts clipped to the original's clip "
+                                          f"norm {clip:.4g} alone, then summed, is what the port applied", worst, tol)
+    return unexplained(tried)
 
 
 def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray, losses: tuple[float, float],
@@ -539,6 +574,24 @@ def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, flo
         return likely("ema_decay", f"the port averages with decay {own:.6g} where the original's is {final:g}", worst,
                       tol)
     return unexplained(["ema_warmup", "ema_decay"])
+
+
+def explain_slot_init(rule: str, started: dict[str, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]) -> str:
+    """The slot_init entry: `started` maps each variable to (the original's initial slots, the same
+    values set in the port's own parameterisation and read back): where every one agrees, the port
+    holds the original's start and only its own initial values differ."""
+    worst = 0.0
+    for want, back in started.values():
+        if sorted(want) != sorted(back):
+            return unexplained(["slot_init"])
+        for key in want:
+            worst = max(worst, float(np.max(np.abs(np.asarray(back[key], np.float64) - want[key]), initial=0.0)))
+    tolerance = 2 * EPS32
+    if worst <= tolerance:
+        return likely("slot_init", f"the port's optimizer given the original's initial slots ({rule}: "
+                                   f"{', '.join(sorted(next(iter(started.values()))[0]))}) holds them", worst,
+                      tolerance)
+    return unexplained(["slot_init"])
 
 
 def explain_replica_masks(agree: float, expected: float, sigma: float, retry: Callable[[], float]) -> str:

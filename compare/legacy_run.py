@@ -88,6 +88,7 @@ class LegacyRun:
                                f"({', '.join(k or 'one the harness does not know' for k in kinds)})")
         self.rule = optimizers.legacy_rule(next(iter(self.updates.values())), self.sess)
         self._decays: Optional[dict[str, float]] = None
+        self._tower_grads: Optional[list[list[Any]]] = None
         self._lr_at: Optional[tf1_graph.StepFunction] = None
 
     def find_shadows(self) -> dict[str, Any]:
@@ -197,6 +198,15 @@ class LegacyRun:
         loss, grads = self.run([self.lg.loss, self.applied], batch, True, masks, towers)
         return StepOutcome(float(loss), dict(zip(self.trainable, grads)), masks=masks,
                            source="legacy grads_and_vars")
+
+    def tower_gradients(self, batch: Batch, masks: Masks = None) -> list[dict[str, np.ndarray]]:
+        """Each tower's own gradients (of its loss, before the towers are joined; nothing applied)."""
+        if self._tower_grads is None:
+            variables = [self.by_name[n] for n in self.trainable]
+            with self.graph.as_default(), tf1.name_scope("parity_tower_gradients/"):
+                self._tower_grads = [[g if g is not None else tf.zeros_like(v) for g, v in
+                                      zip(tf1.gradients(loss, variables), variables)] for loss in self.lg.tower_losses]
+        return [dict(zip(self.trainable, g)) for g in self.run(self._tower_grads, batch, True, masks)]
 
     def step(self, batch: Batch, masks: Masks = None, towers: Optional[TowerRows] = None) -> StepOutcome:
         """One training step (the program's train_op): its loss, rate, gradients and batch statistics."""

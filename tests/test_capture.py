@@ -72,6 +72,25 @@ def test_rmsprop_with_its_epsilon_outside_the_root_fails_the_optimizers_side_by_
                             "outside the square root"), cause
 
 
+def test_keras_rmsprop_starting_its_mean_square_at_0_fails_the_configuration_and_is_named(tmp_path, monkeypatch):
+    """keras.optimizers.RMSprop is TF1's rule (epsilon inside the root, momentum on the scaled step) but
+    starts its mean square at 0 where TF1's starts at 1: from the same state every step agrees, the
+    start does not (the configuration check compares each side's own initial slots)."""
+    def make_optimizer(args):
+        decay_steps = int(args.num_examples_per_epoch / args.batch_size * args.num_epochs_per_decay)
+        schedule = keras.optimizers.schedules.ExponentialDecay(args.initial_learning_rate, decay_steps,
+                                                               args.learning_rate_decay_factor)
+        return keras.optimizers.RMSprop(schedule, rho=args.rmsprop_decay, momentum=args.rmsprop_momentum,
+                                        epsilon=args.rmsprop_epsilon)
+
+    monkeypatch.setattr(modern_train, "make_optimizer", make_optimizer)
+    results = judged(tmp_path, dataclasses.replace(SETTINGS, only=("basics",)))
+    config = results["configuration (flags and what they build)"]
+    assert config.status == "FAIL" and config.worst.name.endswith("ms at the start"), config.worst
+    assert "ms legacy 1, modern 0" in config.diagnosis.where, config.diagnosis.where
+    assert config.diagnosis.cause.startswith("likely cause [slot_init]"), config.diagnosis.cause
+
+
 def test_clipping_each_replicas_gradients_before_the_all_reduce_fails_the_gradients(tmp_path, monkeypatch):
     """Keras' own global_clipnorm, applied inside the replicas: each replica's part of the gradient is
     clipped before they are summed (the TF1 program clips the averaged gradient)."""
@@ -98,6 +117,8 @@ def test_clipping_each_replicas_gradients_before_the_all_reduce_fails_the_gradie
     assert failed(results) == ["gradients (read out of the train step)"]
     assert results["forward (training, same dropout masks)"].status == "PASS"
     assert "as the optimizer's update received them" in results["gradients (read out of the train step)"].note
+    cause = results["gradients (read out of the train step)"].diagnosis.cause
+    assert cause.startswith("likely cause [clip_per_replica]: each of the 2 replicas' parts clipped"), cause
 
 
 def test_a_cross_entropy_without_label_smoothing_fails_the_loss_and_gradients(tmp_path, monkeypatch):

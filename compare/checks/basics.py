@@ -9,10 +9,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from compare import tf1_graph
+from compare import causes, diagnosis, tf1_graph
 from compare import optimizers
 from compare.report import EPS32, judge, not_applicable, tensor_error
-from compare.report import Result, TensorError
+from compare.report import Diagnosis, Result, TensorError
 from compare.interface import LegacyPipeline
 from compare.legacy_run import LegacyRun, harness_config
 from compare.sides import Sides
@@ -58,8 +58,24 @@ def check_config(sides: Sides) -> Result:
     note = (f"{len(compared)} shared flags agree at their defaults and at {len(pair.flag_values)} non-default "
             f"command lines" + (f" (read by the training loop only, not compared: {', '.join(loop)})" if loop else "")
             + f"; built: {'; '.join(notes)}") if not differ else "differ: " + "; ".join(differ[:6])
-    return judge(f"{sides.label}configuration (flags and what they build)", pair.name, errors, "exact", ok=ok,
-                 note=note)
+    result = judge(f"{sides.label}configuration (flags and what they build)", pair.name, errors, "exact", ok=ok,
+                   note=note)
+    starts = [e for e in errors if e.slot is not None and e.max_rel > 2 * EPS32]
+    return diagnosis.guarded(result, lambda: localise_slots(sides, starts)) if starts else result
+
+
+def localise_slots(sides: Sides, starts: Sequence[TensorError]) -> Diagnosis:
+    """Where the port's optimizer starts from other slots than the original's, and whether its own
+    parameterisation holds the original's start (the slot_init entry)."""
+    legacy, modern = sides.legacy, sides.modern
+    first = starts[0]
+    name, key = first.variable or "", first.slot or ""
+    want, have = legacy.initial_slots[name][key], modern.legacy_slots_of(modern.fresh_slots[name]).get(key)
+    where = (f"the optimizer's slots at the start: {name} {key} legacy {float(np.mean(want)):g}, modern "
+             f"{float(np.mean(have)) if have is not None else float('nan'):g} ({len(starts)} slots differ)")
+    return Diagnosis(where, causes.explain_slot_init(legacy.rule.describe(), {
+        n: (legacy.initial_slots[n], modern.legacy_slots_of(modern.modern_slots(legacy.initial_slots[n])))
+        for n in legacy.trainable}), [], "optimizer")
 
 
 def built_settings(sides: Sides) -> tuple[list[TensorError], list[str]]:
@@ -134,7 +150,8 @@ def initial_slots(sides: Sides) -> list[TensorError]:
             errors.append(tensor_error(f"{n} optimizer slots at the start: legacy {sorted(want)} vs modern "
                                        f"{sorted(have)}", np.float32(1), np.float32(0)))
             continue
-        errors += [tensor_error(f"{n} {key} at the start", converted[key], want[key]) for key in sorted(want)]
+        errors += [tensor_error(f"{n} {key} at the start", converted[key], want[key], variable=n, slot=key)
+                   for key in sorted(want)]
     return errors
 
 

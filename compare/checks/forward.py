@@ -278,8 +278,18 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
             # layer agrees and only the loss parts, say a regulariser, the gradients say where.)
             return diagnosis.Diagnosis(f"the forward pass parts before the gradients do: {forward.where}",
                                        forward.cause, forward.parts, forward.kind)
-        explain = lambda layer: causes.explain_gradients(  # noqa: E731
-            sides, grads_l, step.gradients, start.weights, gradient_judge(sides, grads_l, free))
+        judge_g = gradient_judge(sides, grads_l, free)
+
+        def explain(layer: Any) -> str:
+            found = causes.explain_gradients(sides, grads_l, step.gradients, start.weights, judge_g)
+            if not found.startswith(causes.UNEXPLAINED):
+                return found
+            sides.legacy.restore(start)
+            parts = [{n: w * g[n] for n in g} for w, g in zip(
+                both.towers.weights, sides.legacy.tower_gradients(batch, both.legacy.masks))]
+            combined = {n: np.sum([p[n] for p in parts], axis=0) for n in grads_l}
+            return causes.explain_clip_per_replica(parts, combined, grads_l, step.gradients, judge_g,
+                                                   ["regulariser_scale", "loss_scale"])
         return diagnosis.localise_gradients(sides, gradients, explain)
     diagnosis.guarded(loss, localise_loss)
     return [loss, diagnosis.guarded(gradients, localise_gradients)]
