@@ -104,6 +104,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "staircase: tf.train.exponential_decay(..., staircase=True) decays in steps, Keras' ExponentialDecay "
           "defaults to staircase=False (and the other way round)",
           "keras.optimizers.schedules.ExponentialDecay's documentation"),
+    Cause("cosine_alpha", "schedule",
+          "the cosine decay's floor: tf.compat.v1.train.cosine_decay(..., alpha) and Keras' CosineDecay(..., alpha) "
+          "both end at alpha times the rate; a port that leaves alpha at its default 0 (or sets the floor as a "
+          "rate instead of a fraction) decays to another floor",
+          "tf.compat.v1.train.cosine_decay and keras.optimizers.schedules.CosineDecay documentation"),
     Cause("schedule_offset", "schedule",
           "a schedule one step off: the port reads its step counter after the update where the original reads "
           "the global step before it (or the other way round)",
@@ -460,11 +465,16 @@ def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Schedules: the port's schedule with a known change, against the original's
 
+def want_at(legacy: Any, step: int) -> np.float32:
+    return np.float32(legacy.learning_rate_at(step))
+
+
 def explain_schedule(sides: Sides, steps: Sequence[int]) -> str:
-    """The schedule entries: the port's own schedule object with `staircase` flipped, and read one
+    """The schedule entries: the port's own schedule object with `staircase` flipped, its cosine floor
+    `alpha` set to the original's (its rate at the port's decay_steps over its rate at 0), and read one
     step off, against the legacy rate at `steps`."""
     legacy, modern = sides.legacy, sides.modern
-    want = {s: np.float32(legacy.learning_rate_at(s)) for s in steps}
+    want = {s: want_at(legacy, s) for s in steps}
     tried = []
 
     def worst(rate_at: Callable[[int], float]) -> float:
@@ -480,6 +490,21 @@ def explain_schedule(sides: Sides, steps: Sequence[int]) -> str:
             schedule.staircase = old
         if error <= 4 * EPS32:
             return likely("staircase", f"the port's schedule with staircase={not old}", error, 4 * EPS32)
+    if hasattr(schedule, "alpha") and hasattr(schedule, "decay_steps"):
+        tried.append("cosine_alpha")
+        start, end = float(want_at(legacy, 0)), float(want_at(legacy, int(schedule.decay_steps)))
+        alpha = end / start if start else None
+        if alpha is not None and abs(alpha - float(schedule.alpha)) > 1e-6:
+            old_alpha = schedule.alpha
+            schedule.alpha = alpha
+            try:
+                error = worst(lambda s: modern_rate_at(modern, s))
+            finally:
+                schedule.alpha = old_alpha
+            if error <= 4 * EPS32:
+                return likely("cosine_alpha", f"the port's cosine decay with alpha={alpha:.4g}, the original's floor "
+                                              f"(its rate at step {int(schedule.decay_steps)} over its rate at 0; the "
+                                              f"port has alpha={float(old_alpha):g})", error, 4 * EPS32)
     tried.append("schedule_offset")
     for shift in (-1, 1):
         def shifted(s: int, shift: int = shift) -> float:

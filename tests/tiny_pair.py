@@ -26,19 +26,23 @@ def parse_args(argv, tower_flag):
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--decay", type=float, default=1.0, help="the rate times decay ** (step / 10); 1: constant")
+    p.add_argument("--cosine_steps", type=int, default=0, help="a cosine decay over this many steps (0: none)")
+    p.add_argument("--cosine_alpha", type=float, default=0.0, help="the cosine decay's floor, a fraction of the rate")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------------
 # The TF1 program
 
-def build_graph(num_towers, learning_rate, momentum, decay=1.0, noise=0.0):
+def build_graph(num_towers, learning_rate, momentum, decay=1.0, noise=0.0, cosine_steps=0, cosine_alpha=0.0):
     x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
     y = tf1.placeholder(tf.int32, [None], name="y")
     current_batch_size = tf1.placeholder(tf.int32, name="current_batch_size")
     global_step = tf1.train.get_or_create_global_step()
     if decay != 1.0:
         learning_rate = tf1.train.exponential_decay(learning_rate, global_step, 10, decay)
+    if cosine_steps:
+        learning_rate = tf1.train.cosine_decay(learning_rate, global_step, cosine_steps, alpha=cosine_alpha)
     opt = tf1.train.MomentumOptimizer(learning_rate, momentum)
     tower_grads, losses, logits_all = [], [], []
     devices = legacy_towers.tower_devices(num_towers)
@@ -75,7 +79,8 @@ class Legacy:
         return legacy_towers.session_config(towers)
 
     def build(self, flags, towers, files):
-        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay, self.noise)
+        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay, self.noise, flags.cosine_steps,
+                        flags.cosine_alpha)
 
         def feed(batch, training):
             c = batch.rows // towers
@@ -115,6 +120,7 @@ class Modern:
     nesterov = False
     tf1_momentum = False  # the port's own optimizer with TF1's rule instead of Keras' SGD
     staircase = False     # the port's decay in steps where TF1's exponential_decay is continuous
+    cosine_alpha = None   # the port's cosine floor (None: the flag's)
 
     def parse_args(self, argv):
         return parse_args(argv, self.replica_flag)
@@ -123,6 +129,9 @@ class Modern:
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES, name="softmax")])
         rate = flags.learning_rate if flags.decay == 1.0 else keras.optimizers.schedules.ExponentialDecay(
             flags.learning_rate, 10, flags.decay, staircase=self.staircase)
+        if flags.cosine_steps:
+            rate = keras.optimizers.schedules.CosineDecay(flags.learning_rate, flags.cosine_steps, alpha=(
+                flags.cosine_alpha if self.cosine_alpha is None else self.cosine_alpha))
         optimizer = (TF1Momentum(rate, flags.momentum) if self.tf1_momentum
                      else keras.optimizers.SGD(rate, momentum=flags.momentum, nesterov=self.nesterov))
         optimizer.build(model.trainable_variables)
