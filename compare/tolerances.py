@@ -16,6 +16,10 @@ can make and from the spread of its own computation repeated:
                own repeat spread.
   eps32        one rounding.
 
+Randomness is imposed before anything is measured: the dropouts the logits and the loss run are fed one
+fixed seeded draw of their noise (`fixed_masks`), in inference mode too where a dropout is on there
+(`Sides.always_on`: a network built with is_training=True has no inference mode).
+
     model  = MARGIN x max(1-ulp input sensitivity of the logits and of the loss, repeat, eps32):
              forward passes, gradients, splits, one training step, moving statistics, evaluation
     steps  = K x model:  K free-running steps of a model that is not chaotic compound one step's error
