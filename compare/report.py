@@ -214,6 +214,15 @@ class Result:
             return e.rel_l2 / limit if limit > 0 else e.rel_l2
         return max(self.errors, key=out)
 
+    @property
+    def catches(self) -> Optional[float]:
+        """The smallest relative change (L2) of a compared tensor that this check is sure to FAIL: the
+        largest tolerance any of its tensors is held to (None where it judged nothing)."""
+        if self.status in ("NOT APPLICABLE", "ERROR"):
+            return None
+        check = self.tolerance.rel_l2
+        return max((e.limit(check) for e in self.errors), default=check)
+
     def as_dict(self) -> dict[str, Any]:
         worst = self.worst
         return {
@@ -221,7 +230,7 @@ class Result:
             "tolerance": self.tolerance.name, "tolerance_rel_l2": self.tolerance.rel_l2,
             "tolerance_derivation": self.tolerance.derivation,
             "worst": worst.as_dict() if worst else None, "note": self.note,
-            "num_tensors": len(self.errors), "errors": [e.as_dict() for e in self.errors],
+            "num_tensors": len(self.errors), "catches": self.catches, "errors": [e.as_dict() for e in self.errors],
             "extra": self.extra,
             "diagnosis": self.diagnosis.as_dict() if self.diagnosis else None,
         }
@@ -262,19 +271,20 @@ def error_result(check: str, model: str, error: BaseException, where: str = "") 
 def format_table(results: Sequence[Result], seconds: Optional[float] = None) -> str:
     """The stdout table: one line per check, then the tolerances the checks used, with their derivations."""
     head = (f"{'check':<46} {'model':<8} {'status':<9} {'worst tensor':<56} {'max_abs':>9} {'max_rel':>9} "
-            f"{'rel_l2':>9} {'tol':>9}")
+            f"{'rel_l2':>9} {'tol':>9} {'catches':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         w = r.worst
         tol = r.tolerance.rel_l2
         status = "N/A" if r.status == "NOT APPLICABLE" else r.status
+        catches = f" {r.catches:>9.2e}" if r.catches is not None else ""
         if w is None:
             lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {'-':<56} {'':>9} {'':>9} {'':>9} "
-                         + (f"{tol:>9.2e}" if r.status not in ("NOT APPLICABLE", "ERROR") else ""))
+                         + (f"{tol:>9.2e}{catches}" if r.status not in ("NOT APPLICABLE", "ERROR") else ""))
         else:
             name = w.name if len(w.name) <= 56 else "..." + w.name[-53:]
             lines.append(f"{r.check:<46} {r.model:<8} {status:<9} {name:<56} {w.max_abs:>9.2e} "
-                         f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {w.limit(tol):>9.2e}")
+                         f"{w.max_rel:>9.2e} {w.rel_l2:>9.2e} {w.limit(tol):>9.2e}{catches}")
         if r.note:
             lead = {"NOT APPLICABLE": "why: ", "ERROR": "error: "}.get(r.status, "note: ")
             lines.append(f"{'':<46} {'':<8} {'':<9} {lead}{r.note}")

@@ -14,7 +14,7 @@ replace any feedable tensor), so the program's own ops run as built.
     dropouts            each `tf.nn.dropout`: its uniform noise (feed it to impose a mask), rate,
                         input and output, and its tower
     running             the ops a fetch runs under a feed (a fed tensor's op and its inputs do not)
-    logits_bias         the bias variable the logits add last
+    logits_layer        the kernel and bias of the dense layer that computes the logits
     fan_ins             the contraction size of every forward matmul and convolution of tower 0
     StepFunction        a tensor as a function of the global step (a learning rate, a decay), evaluated
                         without the control dependencies it was built under
@@ -109,16 +109,27 @@ def descendants(ops: Iterable[Any]) -> set[Any]:
 
 def logits_bias(logits: Any, by_name: dict[str, Any]) -> Optional[str]:
     """The name of the bias variable the logits add last (BiasAdd or Add of a vector variable), or None."""
+    layer = logits_layer(logits, by_name)
+    return layer[1] if layer is not None else None
+
+
+def logits_layer(logits: Any, by_name: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """(kernel, bias): the names of the variables of the dense layer that computes the logits,
+    x kernel + bias (a MatMul and a BiasAdd or Add of a vector variable); None where it is not one."""
     op = logits.op
     while op.type in ("Identity", "Reshape") and op.inputs:
         op = op.inputs[0].op
     if op.type not in ("BiasAdd", "Add", "AddV2"):
         return None
+    bias = kernel = None
     for t in op.inputs:
         v = variable_of(t, by_name)
         if v is not None and v.shape.rank == 1:
-            return v.op.name
-    return None
+            bias = v.op.name
+        elif t.op.type == "MatMul" and not t.op.get_attr("transpose_b"):
+            k = variable_of(t.op.inputs[1], by_name)
+            kernel = k.op.name if k is not None and k.shape.rank == 2 else None
+    return (kernel, bias) if kernel is not None and bias is not None else None
 
 
 def running(tensors: Iterable[Any], fed: Iterable[Any]) -> set[Any]:

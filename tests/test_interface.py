@@ -180,11 +180,11 @@ def test_a_staircase_schedule_where_the_original_decays_continuously_is_named(tm
 def test_a_cosine_decay_without_the_originals_floor_is_named(tmp_path, monkeypatch):
     """tf.compat.v1.train.cosine_decay(alpha=0.1) ported as Keras' CosineDecay with its default alpha 0."""
     monkeypatch.setattr(tiny_pair.Modern, "tf1_momentum", True)  # the optimizer right: the rate alone is wrong
-    pair = dataclasses.replace(tiny_pair.PAIR, harness_argv=lambda towers: ("--cosine_steps", "100",
-                                                                            "--cosine_alpha", "0.1"))
-    assert judge(pair, tmp_path / "correct")["lr schedule"].status == "PASS"
-    monkeypatch.setattr(tiny_pair.Modern, "cosine_alpha", 0.0)
-    lr = judge(pair, tmp_path / "planted")["lr schedule"]
+    monkeypatch.setattr(tiny_pair.Legacy, "cosine", (100, 0.1))
+    monkeypatch.setattr(tiny_pair.Modern, "cosine", (100, 0.1))
+    assert judge(tiny_pair.PAIR, tmp_path / "correct")["lr schedule"].status == "PASS"
+    monkeypatch.setattr(tiny_pair.Modern, "cosine", (100, 0.0))
+    lr = judge(tiny_pair.PAIR, tmp_path / "planted")["lr schedule"]
     assert lr.status == "FAIL"
     assert lr.diagnosis.cause.startswith("likely cause [cosine_alpha]: the port's cosine decay with alpha=0.1, the "
                                          "original's floor"), lr.diagnosis.cause

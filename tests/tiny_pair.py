@@ -26,8 +26,6 @@ def parse_args(argv, tower_flag):
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--decay", type=float, default=1.0, help="the rate times decay ** (step / 10); 1: constant")
-    p.add_argument("--cosine_steps", type=int, default=0, help="a cosine decay over this many steps (0: none)")
-    p.add_argument("--cosine_alpha", type=float, default=0.0, help="the cosine decay's floor, a fraction of the rate")
     return p.parse_args(argv)
 
 
@@ -71,6 +69,7 @@ def build_graph(num_towers, learning_rate, momentum, decay=1.0, noise=0.0, cosin
 class Legacy:
     tower_flag = "--num_gpus"
     noise = 0.0  # > 0: the inputs multiplied by 1 + noise U(0, 1), in training and inference alike
+    cosine: tuple = ()  # (steps, alpha): the rate decays by tf.compat.v1.train.cosine_decay
 
     def parse_args(self, argv):
         return parse_args(argv, self.tower_flag)
@@ -79,8 +78,7 @@ class Legacy:
         return legacy_towers.session_config(towers)
 
     def build(self, flags, towers, files):
-        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay, self.noise, flags.cosine_steps,
-                        flags.cosine_alpha)
+        g = build_graph(towers, flags.learning_rate, flags.momentum, flags.decay, self.noise, *self.cosine)
 
         def feed(batch, training):
             c = batch.rows // towers
@@ -120,7 +118,7 @@ class Modern:
     nesterov = False
     tf1_momentum = False  # the port's own optimizer with TF1's rule instead of Keras' SGD
     staircase = False     # the port's decay in steps where TF1's exponential_decay is continuous
-    cosine_alpha = None   # the port's cosine floor (None: the flag's)
+    cosine: tuple = ()    # (steps, alpha): the rate decays by Keras' CosineDecay
 
     def parse_args(self, argv):
         return parse_args(argv, self.replica_flag)
@@ -129,9 +127,8 @@ class Modern:
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES, name="softmax")])
         rate = flags.learning_rate if flags.decay == 1.0 else keras.optimizers.schedules.ExponentialDecay(
             flags.learning_rate, 10, flags.decay, staircase=self.staircase)
-        if flags.cosine_steps:
-            rate = keras.optimizers.schedules.CosineDecay(flags.learning_rate, flags.cosine_steps, alpha=(
-                flags.cosine_alpha if self.cosine_alpha is None else self.cosine_alpha))
+        if self.cosine:
+            rate = keras.optimizers.schedules.CosineDecay(flags.learning_rate, self.cosine[0], alpha=self.cosine[1])
         optimizer = (TF1Momentum(rate, flags.momentum) if self.tf1_momentum
                      else keras.optimizers.SGD(rate, momentum=flags.momentum, nesterov=self.nesterov))
         optimizer.build(model.trainable_variables)
