@@ -75,6 +75,21 @@ def test_a_moving_average_decay_of_its_own_fails_the_averages_and_is_named(tmp_p
                                                "the original's is 0.9999"), averages.diagnosis.cause
 
 
+def test_an_evaluation_that_cannot_tell_the_predictions_apart_is_not_applicable(tmp_path, monkeypatch):
+    """A metric that does not move when every prediction moves to the next class (here an evaluation
+    blind to its checkpoint; in practice a model at chance level) judges nothing: NOT APPLICABLE, never
+    a PASS of 0.1 against 0.1.  The tutorial's own evaluation can tell (its note gives the probe's)."""
+    results = judged(tmp_path / "own", dataclasses.replace(SETTINGS, only=("evaluation",)))
+    assert results["evaluation (one checkpoint)"].status == "PASS"
+    assert "a checkpoint predicting every row's next class gives precision@1" in results[
+        "evaluation (one checkpoint)"].note
+    monkeypatch.setattr(adapter.Legacy, "evaluate", lambda self, flags, path, files: {"precision@1": 0.1})
+    blind = judged(tmp_path / "blind", dataclasses.replace(SETTINGS, only=("evaluation",)))
+    result = blind["evaluation (one checkpoint)"]
+    assert result.status == "NOT APPLICABLE", result
+    assert "precision@1 0.1 for both" in result.note and "chance level" in result.note
+
+
 def test_local_response_normalisation_without_its_divide_by_nine_fails_the_forward_checks(tmp_path, monkeypatch):
     """alpha = 0.001 where the tutorial has 0.001 / 9 (a port from the layer's description)."""
     monkeypatch.setattr(modern_train.LocalResponseNorm, "call", lambda self, inputs: tf.nn.local_response_normalization(
