@@ -130,6 +130,23 @@ def test_report_lists_the_classic_programs_rewrites_contrib_homes_and_devices(cl
     assert re.search(r"summary: \d+ names mapped, 0 cannot", out)
 
 
+def test_a_program_laid_out_as_a_package_is_reported_whole_and_runs_unmodified():
+    """Run from the folder above it, the program imports its own folder by the package's name (through
+    the working directory): the report reads every module the run imports, and the run trains."""
+    cwd = PROGRAMS / "package_layout"
+    report = run_program(["-m", "legacy.run_tf1", "--report", "towers_pkg/train.py"], cwd=cwd)
+    assert report.returncode == 0, report.stdout + report.stderr[-2000:]
+    assert "files: train.py, model.py, nets/__init__.py, nets/dense.py" in report.stdout
+    assert ("mapped  tf.contrib.nn.deprecated_flipped_softmax_cross_entropy_with_logits -> "
+            "legacy.run_tf1.deprecated_flipped_softmax_cross_entropy_with_logits  (model.py:12)") in report.stdout
+    assert "mapped  tf.contrib.layers.l2_regularizer -> tf_slim.layers.l2_regularizer  (model.py:11)" in report.stdout
+    assert "nets/dense.py:2  import tensorflow as tf  ->  import tensorflow.compat.v1 as tf" in report.stdout
+    assert "train.py:27 '/gpu:%d'" in report.stdout and re.search(r"summary: \d+ names mapped, 0 cannot", report.stdout)
+    run = run_program(["-m", "legacy.run_tf1", "towers_pkg/train.py", "--num_gpus", "2"], cwd=cwd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^trained 3 steps on 2 towers, loss \d", run.stdout, re.M)
+
+
 NO_HOME = """\
 import tensorflow as tf
 from tensorflow.contrib import learn
@@ -231,6 +248,20 @@ def test_a_failing_program_gives_its_traceback_the_step_and_its_status(failures,
     else:
         assert lines == []
     assert folder_hashes(failures) == before
+
+
+def test_a_program_that_fails_while_building_its_towers_still_says_where_they_would_run(tmp_path, capsys):
+    """No session opened yet: the device line comes with the failure, before the runner's step line."""
+    from legacy import run_tf1
+    program = tmp_path / "fails_in_tower.py"
+    program.write_text("import tensorflow as tf\nfor i in range(2):\n    with tf.device('/gpu:%d' % i):\n"
+                       "        x = tf.constant(1.0)\nraise ValueError('the loss is undefined')\n")
+    assert run_tf1.main(["--gpus", "0", str(program)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-3:] == ["ValueError: the loss is undefined",
+                          "run_tf1: no GPU for the towers the program places on /gpu:0../gpu:1: they run on virtual "
+                          "CPU devices /cpu:0../cpu:1",
+                          "run_tf1: the program raised while running the program's top level (ValueError)"]
 
 
 def test_tf_app_run_passes_the_programs_argv_and_exits_0(failures, capsys):
@@ -354,6 +385,72 @@ def test_contrib_homes_import_forms_and_device_scopes(tmp_path, capsys, gpus, de
         "tf.contrib.training.HParams has no maintained home on TF 2.21: tf.contrib.training maps to "
         "tf_slim.training.training / tf_slim.training.evaluation, which lack it; replace it by hand"]
     assert lines == log
+
+
+CONTRIB_EQUIVALENTS = """\
+import numpy as np
+import tensorflow as tf
+from tensorflow.contrib.slim.python.slim.nets import resnet_v2
+from tensorflow.contrib.slim.python.slim.data import tfexample_decoder
+from tensorflow.contrib.layers.python import layers as tf_layers
+import tf_slim
+
+z = np.array([[2.0, 1.0, 0.1], [0.5, 2.5, 0.3]], np.float32)
+y = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], np.float32)
+logits, onehot = tf.constant(z), tf.constant(y)
+flipped = tf.contrib.nn.deprecated_flipped_softmax_cross_entropy_with_logits(logits, onehot)
+flipped_sparse = tf.contrib.nn.deprecated_flipped_sparse_softmax_cross_entropy_with_logits(logits, tf.constant([0, 2]))
+flipped_sigmoid = tf.contrib.nn.deprecated_flipped_sigmoid_cross_entropy_with_logits(logits, onehot)
+table = tf.contrib.lookup.HashTable(tf.contrib.lookup.KeyValueTensorInitializer(
+    tf.constant(['a', 'b']), tf.constant([7, 9], tf.int64)), -1)
+found = table.lookup(tf.constant(['b', 'a', 'z']))
+names = tf.contrib.lookup.index_to_string_table_from_tensor(tf.constant(['x', 'y'])).lookup(
+    tf.constant([1, 0, 5], tf.int64))
+with tf.contrib.compiler.jit.experimental_jit_scope():
+    doubled = logits * 2.0
+with tf.Session() as sess:
+    sess.run(tf.tables_initializer())
+    xent, sparse, sigmoid, ids, words, twice = sess.run([flipped, flipped_sparse, flipped_sigmoid, found, names,
+                                                         doubled])
+log_p = z - np.log(np.exp(z).sum(1, keepdims=True))
+np.testing.assert_allclose(xent, -(y * log_p).sum(1), rtol=1e-6)
+np.testing.assert_allclose(sparse, -log_p[[0, 1], [0, 2]], rtol=1e-6)
+np.testing.assert_allclose(sigmoid, np.maximum(z, 0) - z * y + np.log1p(np.exp(-abs(z))), rtol=1e-6)
+assert ids.tolist() == [9, 7, -1] and words.tolist() == [b'y', b'x', b'UNK'] and twice.tolist() == (2 * z).tolist()
+assert tf.contrib.util.constant_value(tf.constant(3)) == 3
+assert tf.contrib.util.make_tensor_proto(np.ones(2)).tensor_shape.dim[0].size == 2
+assert resnet_v2.resnet_v2_50 is tf_slim.nets.resnet_v2.resnet_v2_50
+assert tfexample_decoder.TFExampleDecoder is tf_slim.tfexample_decoder.TFExampleDecoder
+assert tf_layers.conv2d is tf_slim.layers.conv2d
+from tensorflow.contrib.framework.python.ops import variables
+from tensorflow.contrib.framework.python.framework import checkpoint_utils
+from tensorflow.contrib.tpu.python.tpu import tpu_optimizer
+assert variables.get_or_create_global_step is tf_slim.get_or_create_global_step
+assert checkpoint_utils.load_variable is tf.train.load_variable
+assert tf.contrib.tpu.CrossShardOptimizer is tf.tpu.CrossShardOptimizer is tpu_optimizer.CrossShardOptimizer
+resolver = tf.contrib.cluster_resolver.python.training.TPUClusterResolver
+assert resolver is tf.distribute.cluster_resolver.TPUClusterResolver
+print('contrib equivalents agree')
+try:
+    tf.contrib.nn.alpha_dropout
+except AttributeError as error:
+    print(error)
+"""
+
+
+def test_contrib_names_with_an_exact_equivalent_map_and_return_its_values(tmp_path, capsys):
+    """The tf.contrib names a tree of public TF1 programs uses that have an exact equivalent on TF 2.21:
+    each run through its home and its values checked against a formula; a contrib.nn name without one
+    is still one line."""
+    from legacy import run_tf1
+    program = tmp_path / "contrib_equivalents.py"
+    program.write_text(CONTRIB_EQUIVALENTS)
+    with run_tf1.tf1_environment(program, log=lambda _: None) as env:
+        assert env.run_program() == 0, capsys.readouterr().err[-3000:]
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "contrib equivalents agree",
+        "tf.contrib.nn.alpha_dropout has no maintained home on TF 2.21: tf.contrib.nn maps to legacy.run_tf1, "
+        "which lacks it; replace it by hand"]
 
 
 def test_device_map_keeps_present_gpus_and_maps_the_rest():

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from legacy.run_tf1.environment import run_program
 from legacy.run_tf1.log import PREFIX, stderr_log
-from legacy.run_tf1.scan import format_report, report
+from legacy.run_tf1.scan import format_report, format_tree, report, report_tree
 from legacy.run_tf1.upgrade import ProgramError, UpgradeError
 from records.usage import ArgumentParser, at_least
 
@@ -25,6 +25,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> Any:
     p.add_argument("--report", action="store_true",
                    help="list what would be mapped and what cannot, without running the program; "
                         "exit status 1 when some name cannot")
+    p.add_argument("--report-tree", action="store_true",
+                   help="PROGRAM.py is a folder: --report every program under it (a file with a __main__ guard or "
+                        "app.run()) and print one Markdown table of the tf.contrib names they use, how many programs "
+                        "use each, and where each maps or why it cannot; exit status 1 when some cannot")
     p.add_argument("--gpus", type=at_least(0), default=None, metavar="N",
                    help="the GPUs to treat as present (default: the machine's): /gpu:K with K >= N runs on /cpu:K")
     p.add_argument("program", metavar="PROGRAM.py", help="the TF1 program's .py file")
@@ -36,6 +40,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """`python -m legacy.run_tf1` and `legacy-run-tf1`: run or report; returns the exit status."""
     args = parse_args(argv)
     try:
+        if args.report_tree:
+            tree = report_tree(args.program, log=stderr_log)
+            print("\n".join(format_tree(tree)), flush=True)
+            return 1 if any(use.reason for use, _ in tree.contrib.values()) else 0
         if args.report:
             result = report(args.program, args.gpus)
             print("\n".join(format_report(result)), flush=True)

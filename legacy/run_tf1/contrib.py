@@ -33,6 +33,34 @@ def padded_batch_and_drop_remainder(batch_size: int, padded_shapes: Any,
     return lambda dataset: dataset.padded_batch(batch_size, padded_shapes, padding_values, drop_remainder=True)
 
 
+def deprecated_flipped_softmax_cross_entropy_with_logits(logits: Any, labels: Any, dim: int = -1,
+                                                         name: Any = None) -> Any:
+    """`tf.contrib.nn.deprecated_flipped_softmax_cross_entropy_with_logits`: TF1's
+    `tf.nn.softmax_cross_entropy_with_logits` with the logits first (its TF 1.0 argument order)."""
+    import tensorflow.compat.v1 as tf1
+    return tf1.nn.softmax_cross_entropy_with_logits(labels=labels, logits=logits, dim=dim, name=name)
+
+
+def deprecated_flipped_sparse_softmax_cross_entropy_with_logits(logits: Any, labels: Any, name: Any = None) -> Any:
+    """`tf.contrib.nn.deprecated_flipped_sparse_softmax_cross_entropy_with_logits`: the logits first."""
+    import tensorflow.compat.v1 as tf1
+    return tf1.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits, name=name)
+
+
+def deprecated_flipped_sigmoid_cross_entropy_with_logits(logits: Any, targets: Any, name: Any = None) -> Any:
+    """`tf.contrib.nn.deprecated_flipped_sigmoid_cross_entropy_with_logits`: the logits first, the
+    labels named `targets`."""
+    import tensorflow.compat.v1 as tf1
+    return tf1.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits, name=name)
+
+
+# tf.contrib.nn's names with an exact core equivalent (the rest of it has none).
+NN_FLIPPED = types.SimpleNamespace(
+    deprecated_flipped_softmax_cross_entropy_with_logits=deprecated_flipped_softmax_cross_entropy_with_logits,
+    deprecated_flipped_sparse_softmax_cross_entropy_with_logits=(
+        deprecated_flipped_sparse_softmax_cross_entropy_with_logits),
+    deprecated_flipped_sigmoid_cross_entropy_with_logits=deprecated_flipped_sigmoid_cross_entropy_with_logits)
+
 # The contrib.data transformations TF 1.10 replaced by a `drop_remainder` argument.
 DATA_REMAINDER = types.SimpleNamespace(batch_and_drop_remainder=batch_and_drop_remainder,
                                        padded_batch_and_drop_remainder=padded_batch_and_drop_remainder)
@@ -56,6 +84,28 @@ CONTRIB_HOMES: dict[str, tuple[Union[str, object], ...]] = {
     "cluster_resolver": ("tensorflow.compat.v1.distribute.cluster_resolver",),
     "staging": ("tensorflow.python.ops.data_flow_ops",),
     "nccl": ("tensorflow.python.ops.nccl_ops",),
+    "nn": (NN_FLIPPED,),
+    # contrib.lookup re-exported core's lookup_ops (HashTable, KeyValueTensorInitializer, index_table_from_*,
+    # the mutable tables), which TF 2.21 still has under these names.
+    "lookup": ("tensorflow.python.ops.lookup_ops",),
+    "util": ("tensorflow.python.framework.tensor_util", "tensorflow.compat.v1"),
+    "compiler": (),
+    "compiler.jit": ("tensorflow.python.compiler.xla.jit",),
+    # contrib's own source layout, which some programs import directly: the same modules in tf-slim.
+    "slim.python": (),
+    "slim.python.slim": ("tf_slim",),
+    "slim.python.slim.nets": ("tf_slim.nets",),
+    "layers.python": (),
+    "layers.python.layers": ("tf_slim.layers",),
+    "framework.python": (),
+    "framework.python.ops": ("tf_slim.ops",),
+    "framework.python.framework": ("tensorflow.python.training",),  # checkpoint_utils, as core's
+    "cluster_resolver.python": (),
+    "cluster_resolver.python.training": ("tensorflow.compat.v1.distribute.cluster_resolver",),
+    # contrib.tpu moved to core tf.tpu unchanged (TF 1.13); its TPUEstimator went with tf.estimator.
+    "tpu": ("tensorflow.compat.v1.tpu",),
+    "tpu.python": (),
+    "tpu.python.tpu": ("tensorflow.python.tpu",),
 }
 
 # tf.contrib.<module> with no maintained home: what to do instead.
@@ -69,7 +119,6 @@ CONTRIB_NO_HOME: dict[str, str] = {
     "keras": "use tf.keras (Keras 3) or tf_keras (Keras 2)",
     "summary": "use tf.compat.v1.summary in the TF1 graph, tf.summary in TF2 code",
     "quantize": "use the TensorFlow Model Optimization Toolkit",
-    "tpu": "use tf.compat.v1.tpu or tf.distribute.TPUStrategy",
     "image": "use tf.image, or port the op by hand",
 }
 

@@ -273,6 +273,9 @@ class TF1Environment:
     def _report(self, error: Exception) -> None:
         print(program_traceback(error), end="", file=sys.stderr, flush=True)
         self.failure = Failure(error, self._step(error))
+        if self.devices.mapped and self.devices.line() != self.device_line:  # placed, no session opened yet
+            self.device_line = self.devices.line()
+            self.log(self.device_line)
         self.log(f"{PREFIX}: the program raised while {self.failure.step} ({type(error).__name__})")
 
     def _step(self, error: BaseException) -> str:

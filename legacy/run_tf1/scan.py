@@ -33,7 +33,9 @@ from legacy.run_tf1.contrib import (
 from legacy.run_tf1.environment import machine_gpus
 from legacy.run_tf1.log import PREFIX
 from legacy.run_tf1.upgrade import (
+    ProgramError,
     Rewrite,
+    UpgradeError,
     check_program,
     local_file,
     read_source,
@@ -88,29 +90,54 @@ def module_file(folder: Path, name: str) -> Optional[Path]:
     return found[0] if found else None
 
 
-def local_imports(folder: Path, file: Path, tree: ast.AST) -> list[Path]:
-    """The program-folder files a file's import statements name (its package for relative ones)."""
-    package = ".".join(file.relative_to(folder).parts[:-1])  # the package a relative import starts from
-    found = []
+def search_roots(program: Path) -> list[Path]:
+    """Where a run imports the program's own modules from, in the order Python searches them: the
+    program's folder (the runner puts it first), the working directory (`python -m` puts it on
+    sys.path: a program run from above its folder imports that folder as a package), and the entries
+    of PYTHONPATH; installed packages are not the program's."""
+    roots = [program.parent, Path.cwd(), *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return [r for r in dict.fromkeys(r.resolve() for r in roots if r.is_dir())
+            if not {"site-packages", "dist-packages"} & set(r.parts)]
+
+
+def local_imports(roots: Sequence[Path], root: Path, file: Path, tree: ast.AST) -> list[tuple[Path, Path]]:
+    """(file, the root it was found under) for each file of the roots a file's import statements
+    name, each module searched root by root as Python does; `root`: where `file` itself was found
+    (the package a relative import starts from)."""
+    package = ".".join(file.relative_to(root).parts[:-1])
+    found: list[tuple[Path, Path]] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for name in module_names(node, package):
-                path = module_file(folder, name)
-                if path and path not in found:
-                    found.append(path)
+                for where in roots:
+                    path = module_file(where, name)
+                    if path:
+                        if path not in [f for f, _ in found]:
+                            found.append((path, where))
+                        break
     return found
 
 
-def program_files(program: Path) -> list[Path]:
-    """The program and every file of its folder it imports, directly or through another."""
-    files, todo = [], [program]
+def program_files(program: Path, roots: Optional[Sequence[Path]] = None) -> list[Path]:
+    """The program and every file of the search roots (`search_roots`) it imports, directly or
+    through another, packages included."""
+    roots = list(roots) if roots is not None else search_roots(program)
+    files: list[Path] = []
+    todo = [(program.resolve(), program.parent.resolve())]
     while todo:
-        file = todo.pop(0)
+        file, root = todo.pop(0)
         if file in files:
             continue
         files.append(file)
-        todo += local_imports(program.parent, file, ast.parse(read_source(file)))
+        todo += local_imports(roots, root, file, ast.parse(read_source(file)))
     return files
+
+
+def file_label(file: Path, program: Path) -> str:
+    """A file as the report names it: relative to the program's folder, or to the working directory
+    when outside it."""
+    folder = program.resolve().parent
+    return str(file.relative_to(folder)) if file.is_relative_to(folder) else os.path.relpath(file)
 
 
 def tf_aliases(tree: ast.AST) -> dict[str, str]:
@@ -204,38 +231,131 @@ def cannot_reason(name: str, error: Exception) -> str:
     return f"{name} does not load on TF 2.21 ({type(error).__name__}: {str(error).splitlines()[0]})"
 
 
-def report(program_path: Union[str, os.PathLike], gpus: Optional[int] = None) -> Report:
-    """The static report: the program is parsed and upgraded, never run."""
+@dataclasses.dataclass
+class FileScan:
+    """What one file contributes to a report: its import rewrites, its names (resolved) with their
+    lines, the lines that name a GPU."""
+    rewrites: list[Rewrite]
+    names: list[tuple[NameUse, int]]
+    devices: list[tuple[int, str]]
+
+
+def report(program_path: Union[str, os.PathLike], gpus: Optional[int] = None,
+           cache: Optional[dict[Path, FileScan]] = None, roots: Optional[Sequence[Path]] = None) -> Report:
+    """The static report: the program is parsed and upgraded, never run.  cache: file -> its scan,
+    shared by the reports of many programs (`report_tree`); roots: where its modules are searched
+    (default `search_roots`)."""
     program = check_program(program_path)
-    files = program_files(program)
+    files = program_files(program, roots)
     result = Report(program, files, [], {}, [], machine_gpus() if gpus is None else gpus)
     contrib = ContribTree()
+    cache = {} if cache is None else cache
     quiet = logging.getLogger("tensorflow")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # TensorFlow's deprecation notices for the names resolved
     try:
         for file in files:
-            add_file(result, file, contrib)
+            if file not in cache:
+                cache[file] = scan_file(file, contrib)
+            add_file(result, file, cache[file])
     finally:
         quiet.setLevel(level)
     return result
 
 
-def add_file(result: Report, file: Path, contrib: ContribTree) -> None:
-    """Add one file's rewrites, names and /gpu: devices to the report."""
+def scan_file(file: Path, contrib: ContribTree) -> FileScan:
+    """One file, upgraded in memory: its rewrites, every TensorFlow name it uses (resolved), its GPUs."""
     source = read_source(file)
     upgrade = upgrade_source(source, str(file))
-    label = str(file.relative_to(result.program.parent))
-    result.rewrites += [(label, rewrite) for rewrite in upgrade.rewrites]
     original, upgraded = ast.parse(source), ast.parse(upgrade.text)
+    names = []
     for name, line in [*from_imports(upgraded), *attribute_chains(original, tf_aliases(upgraded))]:
         use = resolve_name(name, contrib)
         if use.reason:
             use.reason += upgrader_hint(upgrade.notes, line, name)
-        result.names.setdefault(use.name, use).where.append(f"{label}:{line}")
-    for node in ast.walk(original):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and GPU_STRING.search(node.value):
-            result.devices.append(f"{label}:{node.lineno} {node.value!r}")
+        names.append((use, line))
+    devices = [(node.lineno, node.value) for node in ast.walk(original)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and GPU_STRING.search(node.value)]
+    return FileScan(list(upgrade.rewrites), names, devices)
+
+
+def add_file(result: Report, file: Path, scan: FileScan) -> None:
+    """Add one file's rewrites, names and /gpu: devices to the report."""
+    label = file_label(file, result.program)
+    result.rewrites += [(label, rewrite) for rewrite in scan.rewrites]
+    for use, line in scan.names:
+        result.names.setdefault(use.name, dataclasses.replace(use, where=[])).where.append(f"{label}:{line}")
+    result.devices += [f"{label}:{line} {value!r}" for line, value in scan.devices]
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole tree of programs
+
+MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]|\bapp\.run\(""", re.M)
+
+
+@dataclasses.dataclass
+class TreeReport:
+    """`--report` over every program of a folder: each tf.contrib name, how it resolves, and the
+    programs that use it (through their own modules too); the programs that could not be read."""
+    folder: Path
+    programs: list[Path]
+    files: int
+    contrib: dict[str, tuple[NameUse, list[Path]]]
+    unread: list[tuple[Path, str]]
+
+
+def is_program(path: Path) -> bool:
+    """A file that runs as a program: a `__main__` guard or `tf.app.run()` / `absl.app.run()`."""
+    try:
+        return bool(MAIN_GUARD.search(read_source(path)))
+    except ProgramError:
+        return False
+
+
+def report_tree(folder: Union[str, os.PathLike], log: Any = None) -> TreeReport:
+    """The report of every program under `folder` (the files each imports shared between them), its
+    tf.contrib names gathered.  A program the upgrader cannot read (Python 2 syntax) is listed."""
+    root = Path(os.path.abspath(folder))
+    if not root.is_dir():
+        raise ProgramError(f"{folder}: no such folder")
+    programs = sorted(p for p in root.rglob("*.py") if is_program(p))
+    cache: dict[Path, FileScan] = {}
+    uses: dict[str, tuple[NameUse, list[Path]]] = {}
+    unread: list[tuple[Path, str]] = []
+    for k, program in enumerate(programs):
+        if log is not None and k % 50 == 0:
+            log(f"{PREFIX}: --report-tree {k}/{len(programs)} programs")
+        # Run from its own folder or from any folder above it in the tree: its own modules found
+        # wherever a user's working directory would put them on the path.
+        roots = [program.parent, *(p for p in program.parent.parents if p.is_relative_to(root))]
+        try:
+            result = report(program, gpus=0, cache=cache, roots=roots)
+        except (ProgramError, UpgradeError, SyntaxError, ValueError) as error:
+            unread.append((program, f"{type(error).__name__}: {str(error).strip().splitlines()[0][:120]}"))
+            continue
+        for use in result.names.values():
+            if is_contrib(use.name):
+                uses.setdefault(use.name, (use, []))[1].append(program)
+    return TreeReport(root, programs, len(cache), uses, unread)
+
+
+def format_tree(tree: TreeReport) -> list[str]:
+    """The tree report as a Markdown table: name, programs that use it, where it maps or why not."""
+    mapped = sum(1 for use, _ in tree.contrib.values() if not use.reason)
+    stopped = {p for use, programs in tree.contrib.values() if use.reason for p in programs}
+    using = {p for _, programs in tree.contrib.values() for p in programs}
+    lines = [f"{len(tree.programs)} programs under {tree.folder.name}/ ({tree.files} files read, "
+             f"{len(tree.unread)} programs unreadable); {len(tree.contrib)} tf.contrib names: {mapped} mapped, "
+             f"{len(tree.contrib) - mapped} cannot; {len(using)} programs use tf.contrib, {len(stopped)} of them "
+             f"a name that cannot map", "",
+             "| tf.contrib name | programs | maps to, or why not |", "|---|---|---|"]
+    for name, (use, programs) in sorted(tree.contrib.items(), key=lambda kv: (-len(kv[1][1]), kv[0])):
+        where = f"`{use.home}`" if not use.reason else use.reason.replace("|", "\\|")
+        lines.append(f"| `{name}` | {len(programs)} | {where} |")
+    if tree.unread:
+        lines += ["", "programs not read:"] + [f"  {os.path.relpath(p, tree.folder)}: {why}" for p, why in tree.unread]
+    return lines
 
 
 def upgrader_hint(notes: Sequence[tuple[int, str]], line: int, name: str) -> str:
@@ -250,11 +370,11 @@ def upgrader_hint(notes: Sequence[tuple[int, str]], line: int, name: str) -> str
 
 def format_report(result: Report) -> list[str]:
     """The report's lines."""
-    folder = result.program.parent
     shown = os.path.relpath(result.program)
     lines = [f"{PREFIX} --report {result.program if shown.startswith('..') else shown}",
-             f"files: {', '.join(str(f.relative_to(folder)) for f in result.files)} "
-             "(the program and the local modules it imports)", "",
+             f"files: {', '.join(file_label(f, result.program) for f in result.files)} "
+             "(the program and the modules it imports from its folder, the working directory and PYTHONPATH)",
+             "",
              "import rewrites (TensorFlow's upgrader, tf_upgrade_v2 --mode SAFETY, applied in memory):"]
     lines += [f"  {label}:{r.line}  {r.old}  ->  {r.new}" for label, r in result.rewrites] or ["  none"]
     for title, contrib in (("tf names (under tf.compat.v1 of TF 2.21):", False), ("tf.contrib names:", True)):
