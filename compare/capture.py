@@ -44,7 +44,7 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 from unittest import mock
 
 import numpy as np
@@ -520,7 +520,7 @@ class CapturedLegacy:
 
     program: the program's .py file.  files_argv: (towers, files) -> the arguments that point the
     program at the harness's files and scratch folder (its data and output folders).  tower_flag:
-    its flag for the tower count, which the harness sets last.  cwd: files -> the folder to run it in
+    its flag for the tower count, which the harness sets last.  cwd: the folder to run it in, or files -> it
     (for a program that reads or writes relative paths), or None.  names: what `find` cannot find or
     finds otherwise than the program means it, by field of LegacyGraph (any of NAMES: `loss`,
     `tower_losses`, `feed`, ...), `inputs` (the towers' TowerInputs) or `tower_weights`, each a callable of the captured
@@ -530,7 +530,7 @@ class CapturedLegacy:
     """
 
     def __init__(self, program: str, files_argv: Callable[[int, DataFiles], Sequence[str]], tower_flag: str,
-                 cwd: Optional[Callable[[DataFiles], str]] = None,
+                 cwd: Union[str, Callable[[DataFiles], str], None] = None,
                  names: Optional[Mapping[str, Callable[[Any, Found], Any]]] = None,
                  evaluate: Optional[Callable[[argparse.Namespace, str, DataFiles], Mapping[str, float]]] = None,
                  pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None):
@@ -558,7 +558,8 @@ class CapturedLegacy:
         own = dict(files, scratch=tempfile.mkdtemp(prefix="capture_", dir=files["scratch"])) if "scratch" in files \
             else files
         argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, own), self.tower_flag, str(towers)]
-        captured = capture(self.program, argv, cwd=self.cwd(files) if self.cwd else None, log=self.log)
+        cwd = self.cwd(files) if callable(self.cwd) else self.cwd
+        captured = capture(self.program, argv, cwd=cwd, log=self.log)
         self.captured, self._config = captured, captured.config
         found = find(captured.graph, captured.train_op)
         named = {field: make(captured.graph, found) for field, make in self.names.items()}

@@ -204,11 +204,12 @@ def test_the_harness_builds_its_ops_and_trains_a_step_through_every_session_kind
 def test_names_takes_every_field_it_documents_and_refuses_one_it_does_not(tmp_path):
     with pytest.raises(CaptureError, match=r"names= has no field 'losss': it takes feed, tower_logits, "):
         CapturedLegacy(SESSIONS, lambda towers, files: [], "--num_gpus", names={"losss": lambda graph, found: None})
-    side = CapturedLegacy(SESSIONS, lambda towers, files: ["--session", "supervisor", "--train_dir",
-                                                            str(tmp_path / "train")], "--num_gpus",
+    side = CapturedLegacy(SESSIONS, lambda towers, files: ["--session", "supervisor", "--train_dir", "train"],
+                          "--num_gpus", cwd=str(tmp_path),  # a folder as it is, or a function of the files
                           names={"loss": lambda graph, found: graph.get_tensor_by_name("total_loss:0")})
     built = side.build(side.parse_args([]), 2, {})
     assert built.loss.name == "total_loss:0"
+    assert (tmp_path / "train").is_dir()  # the program's relative train_dir, in cwd
     assert tf.executing_eagerly()
 
 
