@@ -309,6 +309,18 @@ def format_table(results: Sequence[Result], seconds: Optional[float] = None) -> 
     return "\n".join(lines)
 
 
+def profile_table(marks: Sequence[tuple[float, str]], end: float) -> list[str]:
+    """Where a run's time went: each progress line's phase lasts until the next line (the last one
+    until `end`), slowest first, with its share of the run; the time before the first line is the
+    start-up (imports, adapters, data files)."""
+    starts = [(0.0, "start-up: imports, adapters, data files"), *marks]
+    phases = [(starts[i + 1][0] - t if i + 1 < len(starts) else end - t, what) for i, (t, what) in enumerate(starts)]
+    lines = [f"Where the time went ({end:.1f} s in this process, slowest phase first):"]
+    lines += [f"  {seconds:7.1f} s  {100 * seconds / max(end, 1e-9):5.1f}%  {what[:110]}"
+              for seconds, what in sorted(phases, key=lambda p: -p[0])]
+    return lines
+
+
 def write_json(path: str, results: Sequence[Result], meta: Mapping[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [r.as_dict() for r in results]}, f, indent=2, default=float)

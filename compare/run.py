@@ -75,6 +75,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="also check N workers x 1 replica against 1 x N and the legacy N towers "
                         "(compare/multiworker.py), N >= 2")
     p.add_argument("--seed", type=int, default=0, help="seed of the harness's rows and start weights")
+    p.add_argument("--profile", action="store_true",
+                   help="after the report, where this process's time went: each phase its progress lines name "
+                        "(building each side, deriving the tolerances, each group of checks), in seconds, slowest "
+                        "first (pairs judged in processes of their own: run them alone with --pair)")
     p.add_argument("--report", default=None, help="write the JSON report here (default: none)")
     p.add_argument("--plot", default=None, help="write a PNG chart here, with matplotlib (default: none)")
     p.add_argument("--program", action="append", default=[], metavar="ROLE=MODULE",
@@ -179,9 +183,13 @@ def finish_child(child: Child) -> list[Result]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     start = time.time()
+    marks: list[tuple[float, str]] = []  # (seconds since start, progress line) of this process's own lines
 
     def log(message: str) -> None:
-        print(f"[{time.time() - start:6.1f}s] {message}", flush=True)
+        now = time.time() - start
+        if "child process done" not in message:  # a child's end is no phase of this process
+            marks.append((now, message))
+        print(f"[{now:6.1f}s] {message}", flush=True)
 
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
@@ -225,6 +233,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seconds = time.time() - start
     print()
     print(report.format_table(results, seconds))
+    if args.profile:
+        print()
+        print("\n".join(report.profile_table(marks, seconds)))
     meta = {"towers": args.towers, "steps": args.steps, "free_steps": args.free_steps, "quick": args.quick,
             "seed": args.seed, "pairs": args.pairs, "checkpoint": args.checkpoint, "seconds": seconds}
     for path, write in ((args.report, lambda p: report.write_json(p, results, meta)),

@@ -204,3 +204,14 @@ def test_a_check_that_raises_is_its_own_error_line_and_the_others_still_run(tmp_
     assert results["split: short last batch"].status == "PASS"
     assert results["3 free-running steps (chaos floor)"].status == "PASS"
     assert len(results) > 20
+
+
+def test_the_profile_gives_each_phase_until_the_next_progress_line_slowest_first():
+    """`compare/run.py --profile`: what the progress lines mark, as durations (the start-up before
+    the first line included), slowest first, each with its share of the run."""
+    from compare.report import profile_table
+    lines = profile_table([(2.0, "cifar: building the legacy graph (2 towers)"), (9.0, "cifar: training steps")], 10.0)
+    assert lines == ["Where the time went (10.0 s in this process, slowest phase first):",
+                     "      7.0 s   70.0%  cifar: building the legacy graph (2 towers)",
+                     "      2.0 s   20.0%  start-up: imports, adapters, data files",
+                     "      1.0 s   10.0%  cifar: training steps"]
