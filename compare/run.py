@@ -5,6 +5,7 @@ Run it (from the repository root):
     python compare/run.py                         # this repository's two pairs, 2 towers vs 2 replicas
     python compare/run.py --towers 3              # any tower count
     python compare/run.py --quick                 # fewer steps, no second CIFAR graph, no flags check, no TF1 runtime
+    python compare/run.py --quick --profile       # and where the time went, phase by phase
     python compare/run.py --model cifar --only splits,steps --towers 4
     python compare/run.py --model cifar --checkpoint models/temporary --report reports/parity.json \\
         --plot reports/parity.png
