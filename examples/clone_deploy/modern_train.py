@@ -32,10 +32,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from examples.split_towers.modern_train import TF1RMSProp
+from examples.split_towers.modern_train import IMAGE_SIZE, TF1RMSProp, parse  # the same records and rule
 from modern.resnet_v2 import ReplicaDropout
 
-IMAGE_SIZE, NUM_CLASSES = 32, 10
+NUM_CLASSES = 10
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -61,13 +61,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 # Data ------------------------------------------------------------------------------------------
-def parse(serialized: Any) -> tuple[Any, Any]:
-    features = tf.io.parse_single_example(serialized, {"image": tf.io.FixedLenFeature([], tf.string),
-                                                       "label": tf.io.FixedLenFeature([], tf.int64)})
-    image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8), [IMAGE_SIZE, IMAGE_SIZE, 3])
-    return tf.cast(image, tf.float32) / 127.5 - 1.0, tf.cast(features["label"], tf.int32)
-
-
 def make_dataset(dataset_dir: str, global_batch: int, num_threads: int = 4) -> Any:
     """Global batches of training rows in file order, repeated forever (the TF1 program does not shuffle)."""
     files = sorted(glob.glob(os.path.join(dataset_dir, "train-*.tfrecord")))
