@@ -89,8 +89,7 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "tf.compat.v1.train.AdamOptimizer and keras.optimizers.Adam signatures"),
     Cause("slot_init", "optimizer",
           "the optimizer's state at the start: TF1's RMSPropOptimizer starts its mean square at 1 (its slot "
-          "initialiser), Keras' RMSprop at 0; TF1's Adagrad its accumulator at 0.1, Keras' Adagrad at 0.1 too "
-          "but at initial_accumulator_value: a port with another start takes other first steps, whatever its rule",
+          "initialiser), Keras' RMSprop at 0: a port with another start takes other first steps, whatever its rule",
           "tf.compat.v1.train.RMSPropOptimizer's _create_slots; keras.optimizers.RMSprop.build"),
     Cause("momentum_parameterisation", "optimizer",
           "momentum: Keras' SGD keeps the velocity with the rate folded in (m = momentum m - lr g), TF1's "
@@ -246,19 +245,25 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
                 return likely("regulariser_scale", f"the port's L2 coefficient{'s' if len(names) > 1 else ''} "
                                                    f"{scale} (c in c sum(w^2)), its model.losses added {how}, "
                                                    f"replaced by the original's term", worst, tol)
-    tried.append("loss_scale")
-    n_rep = sides.towers
-    if n_rep > 1:
-        for s, how in ((float(n_rep), f"{n_rep} times"), (1 / n_rep, f"1/{n_rep} of")):
-            candidate = {}
-            for n, g in modern.items():
-                term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights else 0.0
-                candidate[n] = (np.asarray(g, np.float64) - term_m) / s + term_m
-            ok, worst, tol = judge(candidate)
-            if ok:
-                return likely("loss_scale", f"the port's data term (its gradients less its regularisers') {how} the "
-                                            f"original's, divided back", worst, tol)
+    for s, how in replica_scales(sides.towers, tried):
+        candidate = {}
+        for n, g in modern.items():
+            term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights else 0.0
+            candidate[n] = (np.asarray(g, np.float64) - term_m) / s + term_m
+        ok, worst, tol = judge(candidate)
+        if ok:
+            return likely("loss_scale", f"the port's data term (its gradients less its regularisers') {how} the "
+                                        f"original's, divided back", worst, tol)
     return unexplained(tried)
+
+
+def replica_scales(replicas: int, tried: list[str]) -> list[tuple[float, str]]:
+    """The loss_scale entry's candidates, the port's data term N times the original's or 1/N of it
+    (none at one replica); the entry is added to `tried` where it has candidates."""
+    if replicas < 2:
+        return []
+    tried.append("loss_scale")
+    return [(float(replicas), f"{replicas} times"), (1 / replicas, f"1/{replicas} of")]
 
 
 def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, np.ndarray], tolerance: float) -> str:
@@ -341,14 +346,13 @@ def explain_loss_scale(sides: Sides, legacy: float, modern: float, term_m: float
                        tried: list[str]) -> str:
     """The loss_scale entry on a loss whose layers all agree: the port's data term (its loss less its
     regularisers' `term_m`) divided by the replica count, or multiplied by it."""
-    n_rep = sides.towers
-    if n_rep > 1:
-        for s, how in ((float(n_rep), f"{n_rep} times"), (1 / n_rep, f"1/{n_rep} of")):
-            error = abs((modern - term_m) / s + term_m - legacy) / max(abs(legacy), 1e-30)
-            if error <= tolerance:
-                return likely("loss_scale", f"the port's data term (its loss {modern:.4g} less its regularisers "
-                                            f"{term_m:.4g}) {how} the original's, divided back", error, tolerance)
-    return unexplained([*tried, "loss_scale"])
+    tried = list(tried)
+    for s, how in replica_scales(sides.towers, tried):
+        error = abs((modern - term_m) / s + term_m - legacy) / max(abs(legacy), 1e-30)
+        if error <= tolerance:
+            return likely("loss_scale", f"the port's data term (its loss {modern:.4g} less its regularisers "
+                                        f"{term_m:.4g}) {how} the original's, divided back", error, tolerance)
+    return unexplained(tried)
 
 
 # ---------------------------------------------------------------------------------------------

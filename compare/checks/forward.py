@@ -111,8 +111,7 @@ def check_dropout(sides: Sides, units: int = 2 ** 23) -> Result:
                      note=f"the legacy towers have {len(by_k)} dropouts each, the model {len(modern.dropouts)}")
     for k in sorted(by_k):
         ds = sorted(by_k[k], key=lambda d: d.tower or 0)
-        shape = tuple(ds[0].noise.shape[1:])
-        rows = max(1, units // int(np.prod(shape)))
+        shape, rows = units_of(ds, units)
         ones = np.ones((rows, *shape), np.float32)
         rate = float(legacy.sess.run(ds[0].rate, feed))
         out_l = legacy_dropout_outputs(legacy.sess, ds, feed, ones)
@@ -163,7 +162,7 @@ def _mask_statistics(label: str, outs: Sequence[np.ndarray], kp: float
                            np.full(2, np.float32(1 / kp)))
     errors = [e_kept, e_scale]
     ok = bool(e_kept.max_abs <= 5 * sigma and e_scale.max_rel <= 2 * EPS32)
-    agree = [float(np.mean((outs[i] != 0) == (outs[j] != 0))) for i, j in itertools.combinations(range(len(outs)), 2)]
+    agree = agreements(outs)
     if agree:
         e = tensor_error(f"{label} mask agreement between towers (5 sigma = {5 * agree_sigma:.1e})",
                          np.array(agree), np.full(len(agree), kp * kp + (1 - kp) ** 2))
@@ -181,8 +180,7 @@ def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
         if abs(kept - (1 - rate_k)) <= 5 * sigma:
             continue
         layer = modern.dropouts[k]
-        shape_k = tuple(by_k[k][0].noise.shape[1:])
-        rows_k = max(1, units // int(np.prod(shape_k)))
+        shape_k, rows_k = units_of(by_k[k], units)
 
         def retry(layer: Any = layer, k: int = k, rows_k: int = rows_k, shape_k: tuple[int, ...] = shape_k) -> float:
             old = layer.rate
@@ -197,8 +195,7 @@ def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
         return diagnosis.Diagnosis(where, causes.explain_dropout(kept, rate_k, sigma, retry), [], "dropouts")
     for k in sorted(kept_m):
         layer = modern.dropouts[k]
-        shape_k = tuple(by_k[k][0].noise.shape[1:])
-        rows_k = max(1, units // int(np.prod(shape_k)))
+        shape_k, rows_k = units_of(by_k[k], units)
         kp = 1 - kept_m[k][1]
         expected, sigma = kp * kp + (1 - kp) ** 2, np.sqrt(0.25 / (rows_k * int(np.prod(shape_k))))
         agree = mask_agreement(modern_dropout(modern, k, rows_k, shape_k, sides.towers))
@@ -220,9 +217,20 @@ def _localise_dropout(sides: Sides, by_k: dict[int, list[tf1_graph.Dropout]],
                                causes.unexplained(["keep_prob", "replica_masks"]), [], "dropouts")
 
 
+def units_of(ds: Sequence[tf1_graph.Dropout], units: int) -> tuple[tuple[int, ...], int]:
+    """(the shape of one row of a dropout's input, the rows of ones that make about `units` units)."""
+    shape = tuple(ds[0].noise.shape[1:])
+    return shape, max(1, units // int(np.prod(shape)))
+
+
+def agreements(outs: Sequence[np.ndarray]) -> list[float]:
+    """For every two towers' (replicas') dropout outputs on ones, the fraction of units their masks agree on."""
+    return [float(np.mean((a != 0) == (b != 0))) for a, b in itertools.combinations(outs, 2)]
+
+
 def mask_agreement(outs: Sequence[np.ndarray]) -> float:
     """The largest fraction of units on which two replicas' (towers') masks agree."""
-    return max((float(np.mean((a != 0) == (b != 0))) for a, b in itertools.combinations(outs, 2)), default=0.0)
+    return max(agreements(outs), default=0.0)
 
 
 def modern_dropout(modern: ModernRun, k: int, rows: int, shape: tuple[int, ...], replicas: int) -> list[np.ndarray]:
