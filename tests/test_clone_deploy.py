@@ -8,12 +8,16 @@ The correct port is judged at a tolerance with power (the dropout's masks impose
 are compared); the realistic port mistakes planted in its own code each FAIL, and are named.
 """
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import keras
 import tensorflow as tf
 
 from compare import harness, sides as sides_module, tolerances
+from conftest import ROOT
 from examples.clone_deploy import adapter, modern_train
 
 SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4, quick=True)
@@ -136,3 +140,40 @@ def test_label_smoothing_the_original_does_not_have_fails_the_loss_and_gradients
         cause = results[check].diagnosis.cause
         assert cause.startswith("likely cause [label_smoothing]: the port's label smoothing +0.1 from the "
                                 "original's"), cause
+
+
+PLANTED = '''"""The clone_deploy pair as a user would judge a port of theirs: its replica_loss adds the
+regularisation in every replica (model_deploy adds it once, to the first clone)."""
+import keras
+import tensorflow as tf
+
+from examples.clone_deploy import modern_train
+from examples.clone_deploy.adapter import PAIR  # noqa: F401
+
+
+def replica_loss(model, x, y, global_batch, label_smoothing):
+    logits = model(x, training=True)
+    per_row = keras.losses.categorical_crossentropy(tf.one_hot(y, modern_train.NUM_CLASSES), logits,
+                                                    from_logits=True, label_smoothing=label_smoothing)
+    return tf.nn.compute_average_loss(per_row, global_batch_size=global_batch) + tf.add_n(model.losses)
+
+
+modern_train.replica_loss = replica_loss
+'''
+
+
+def test_command_line_fails_the_regularisation_on_every_replica_in_the_gradients_and_names_it(tmp_path):
+    """`compare/run.py --pair MODULE`, the module a file of the user's beside no harness code: exit 1,
+    the gradients FAIL a hundred times over their tolerance with the cause named, no traceback."""
+    (tmp_path / "planted_clone_deploy.py").write_text(PLANTED)
+    report = tmp_path / "parity.json"
+    done = subprocess.run([sys.executable, "compare/run.py", "--pair", "planted_clone_deploy", "--quick", "--only",
+                           "training", "--report", str(report)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert sorted(n for n, r in results.items() if r["status"] == "FAIL") == [
+        "forward (training, same dropout masks)", "gradients (read out of the train step)"]
+    gradients = results["gradients (read out of the train step)"]
+    assert gradients["worst"]["rel_l2"] > 100 * gradients["tolerance_rel_l2"]
+    assert gradients["diagnosis"]["cause"].startswith("likely cause [regulariser_scale]")
