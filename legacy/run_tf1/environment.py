@@ -186,10 +186,15 @@ class TF1Environment:
         mapped = [i for i in self.devices.mapped.values() if i is not None]
         cpus = 1 + max([highest_cpu(graph), *mapped], default=0)
         self.cpu_devices = max(self.cpu_devices, cpus)
+        self._say_devices()
+        return with_cpu_devices(config, cpus)
+
+    def _say_devices(self) -> None:
+        """The device line, once for each new mapping: when a session opens, or when the program
+        fails before any session did."""
         if self.devices.mapped and self.devices.line() != self.device_line:
             self.device_line = self.devices.line()
             self.log(self.device_line)
-        return with_cpu_devices(config, cpus)
 
     # -- the program's files ---------------------------------------------------------------------
     def upgrade(self, file: Path) -> Upgrade:
@@ -273,9 +278,7 @@ class TF1Environment:
     def _report(self, error: Exception) -> None:
         print(program_traceback(error), end="", file=sys.stderr, flush=True)
         self.failure = Failure(error, self._step(error))
-        if self.devices.mapped and self.devices.line() != self.device_line:  # placed, no session opened yet
-            self.device_line = self.devices.line()
-            self.log(self.device_line)
+        self._say_devices()  # towers placed, perhaps no session opened yet
         self.log(f"{PREFIX}: the program raised while {self.failure.step} ({type(error).__name__})")
 
     def _step(self, error: BaseException) -> str:
