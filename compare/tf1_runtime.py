@@ -4,7 +4,7 @@ The originals ran on TF 1.x: ref variables, v1 control flow (Switch/Merge), grap
 `tf.compat.v1.disable_v2_behavior()` gets that runtime back, process-wide (it turns eager execution
 off), so the modern program cannot run beside it.  `compare/checks/tf1.py` therefore writes one
 batch, the dropout masks the modern step drew, the start checkpoint and the adapter's name to a
-file, runs
+file (with the arguments the pairing gave both programs), runs
 
     python -m compare.tf1_runtime IN.npz OUT.npz
 
@@ -35,8 +35,7 @@ def main(in_path: str, out_path: str) -> None:
     pair = harness.load_adapter(meta["adapter"])
     pairing = next(p for p in pair.pairings if p.label == meta["pairing"])
     towers = int(meta["towers"])
-    flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *pair.harness_argv(towers),
-                                    *pairing.legacy_argv])
+    flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *meta["argv"], *pairing.legacy_argv])
     legacy = LegacyRun(pair, flags, towers, meta["files"], int(meta["seed"]))
     with legacy.graph.as_default():
         legacy.saver.restore(legacy.sess, meta["start"])

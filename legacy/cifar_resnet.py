@@ -38,8 +38,9 @@ tower empty under the original's split, is logged and skipped; a step limit; a m
 checkpoint means training from scratch (with a log line), and a present one is checked for names and
 shapes first; grappler off on CPU towers (--grappler); the folders are made (the original's os.mkdir
 failed without ./logs); the original's CUDA_VISIBLE_DEVICES = "0, 1" is left to the user; the graph
-runs on TF2's runtime unless --tf1_behavior; the final checkpoint is numbered by the steps run; the
-log lines are in English and add examples/sec and an ETA.
+runs on TF2's runtime unless --tf1_behavior; --units_per_block builds a smaller ResNet-v2 for tests
+(slim's own builder, the same scopes and names); the final checkpoint is numbered by the steps run;
+the log lines are in English and add examples/sec and an ETA.
 
 On a machine without GPUs each tower runs on its own virtual CPU device (`legacy/towers.py`).
 """
@@ -136,6 +137,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "towers (auto), where its start-up pass is long and gains nothing")
     p.add_argument("--log_every", type=at_least(1), default=log_every, help="a training line every N steps")
     p.add_argument("--valid_every", type=at_least(1), default=valid_every, help="validate every N steps")
+    p.add_argument("--units_per_block", type=at_least(1), nargs=4, default=None, metavar="N",
+                   help="Port, for quick tests only: units in blocks 1-4 of slim's resnet_v2 builder, under the "
+                        "same scope and names (default: the original's resnet_v2_50, 3 4 6 3)")
     p.add_argument("--tf1_behavior", action="store_true",
                    help="run on TF1's runtime, as the original did: tf.compat.v1.disable_v2_behavior() "
                         "before the graph is built (ref variables, v1 control flow, no eager)")
@@ -197,7 +201,8 @@ def make_datasets(train_tfrecords: Sequence[str], test_tfrecords: Sequence[str],
 def build_graph(num_towers: int = num_gpus, split: str = "fix", static_batch_size: Optional[int] = None,
                 boundaries: Sequence[int] = boundaries, values: Sequence[float] = values,
                 num_classes: int = num_classes, image_size: int = image_size,
-                devices: Optional[Sequence[str]] = None) -> types.SimpleNamespace:
+                devices: Optional[Sequence[str]] = None,
+                units_per_block: Optional[Sequence[int]] = None) -> types.SimpleNamespace:
     """Build the original's training graph in the default graph; return its tensors by name.
 
     Call inside `with tf.Graph().as_default():`.  `split` decides how the fed batch reaches the
@@ -206,6 +211,7 @@ def build_graph(num_towers: int = num_gpus, split: str = "fix", static_batch_siz
     `static_batch_size` (the original's bug); 'weighted' (Port) slices with per-tower start/size
     placeholders and weights each tower's gradient by its share of the rows.
     `devices`: one device string per tower (default `towers.tower_devices(num_towers)`).
+    `units_per_block`: Port, for quick tests: the units of blocks 1-4 (default: resnet_v2_50's).
 
     Returns a SimpleNamespace with the original's names (inputs, labels, keep_prob, is_training,
     current_batch_size, global_step, learning_rate, optimizer, tower_grads, grads, update_ops,
@@ -223,7 +229,7 @@ def build_graph(num_towers: int = num_gpus, split: str = "fix", static_batch_siz
     devices = devices or towers.tower_devices(num_towers)
     g = types.SimpleNamespace(num_towers=num_towers, split=split, static_batch_size=static_batch_size,
                               devices=devices, tower_logits=[], tower_losses=[], pre_dropout=[],
-                              dropout_noise=[])
+                              dropout_noise=[], units_per_block=units_per_block)
     inputs, labels, keep_prob, is_training, current_batch_size = placeholders(
         g, split, static_batch_size, num_towers, image_size, num_classes)
     """
@@ -356,7 +362,10 @@ def tower_loss(g: types.SimpleNamespace, inputs: Any, labels: Any, is_training: 
     ""inference
     """
     with slim.arg_scope(nets.resnet_v2.resnet_arg_scope()):
-        net, end_points = nets.resnet_v2.resnet_v2_50(inputs, num_classes=None, is_training=is_training)
+        if getattr(g, "units_per_block", None) is None:
+            net, end_points = nets.resnet_v2.resnet_v2_50(inputs, num_classes=None, is_training=is_training)
+        else:  # Port: fewer units, slim's own builder, the same scope and names (--units_per_block)
+            net, end_points = smaller_resnet_v2_50(inputs, g.units_per_block, is_training)
     with tf.variable_scope("Logits"):
         net = tf.squeeze(net, axis=[1, 2])
         g.pre_dropout.append(net)
@@ -371,6 +380,16 @@ def tower_loss(g: types.SimpleNamespace, inputs: Any, labels: Any, is_training: 
     """
     losses = tf.nn.softmax_cross_entropy_with_logits_v2(logits=logits, labels=labels)
     return logits, tf.reduce_mean(losses)
+
+
+def smaller_resnet_v2_50(inputs: Any, units_per_block: Sequence[int], is_training: Any) -> tuple[Any, Any]:
+    """slim's `resnet_v2_50` with `units_per_block` units in blocks 1-4 (it has 3 4 6 3): the same
+    builder (`resnet_v2`), block depths, strides, scope and variable names, fewer units."""
+    blocks = [nets.resnet_v2.resnet_v2_block(scope, base_depth=depth, num_units=units, stride=stride)
+              for (scope, depth, stride), units in zip(
+                  (("block1", 64, 2), ("block2", 128, 2), ("block3", 256, 2), ("block4", 512, 1)), units_per_block)]
+    return nets.resnet_v2.resnet_v2(inputs, blocks, None, is_training, True, None, include_root_block=True,
+                                    scope="resnet_v2_50")
 
 
 def _dropout_noise(tower_logits_scope: str) -> Any:
@@ -644,8 +663,10 @@ def train(args: argparse.Namespace) -> int:
         log(towers.placement_message(devices))
         t0 = time.time()
         g = build_graph(args.num_towers, args.split, args.batch_size // args.num_towers, args.boundaries,
-                        args.values, devices=devices)
-        log(f"graph built in {time.time() - t0:.1f} s: {args.num_towers} towers, split {args.split}, "
+                        args.values, devices=devices, units_per_block=args.units_per_block)
+        units = (f", resnet_v2 with {' '.join(map(str, args.units_per_block))} units per block (the original's "
+                 f"resnet_v2_50: 3 4 6 3)" if args.units_per_block else "")
+        log(f"graph built in {time.time() - t0:.1f} s: {args.num_towers} towers, split {args.split}{units}, "
             f"{len(g.variables_to_restore)} restorable variables (excluding {g.exclusions})")
         saver_restore = tf.train.Saver(var_list=g.variables_to_restore)
         saver = tf.train.Saver()

@@ -1,4 +1,6 @@
-"""The CIFAR parity harness, as a user runs it, at 1 and 3 towers: `compare/run.py` in subprocesses.
+"""The CIFAR parity harness, as a user runs it, at 1 and 3 towers: `compare/run.py` in subprocesses,
+on the CIFAR pair at one unit per block (`--pair small_cifar`, tests/small_cifar.py: both programs'
+own --units_per_block).
 
 Its own module (not in tests/test_compare_cifar.py, whose graphs it does not use), so that
 `pytest -n 2 --dist loadfile` can run it beside that module's in-process harness.
@@ -19,9 +21,10 @@ def test_harness_passes_at_one_and_three_towers(tmp_path):
     runs = {}
     for towers, groups in ((1, "training,steps"), (3, "splits,steps")):
         report = tmp_path / f"parity_{towers}.json"
-        command = [sys.executable, "compare/run.py", "--model", "cifar", "--quick", "--towers", str(towers),
+        command = [sys.executable, "compare/run.py", "--pair", "small_cifar", "--quick", "--towers", str(towers),
                    "--only", groups, "--report", str(report)]
-        runs[towers] = (report, subprocess.Popen(command, cwd=ROOT, env=dict(os.environ), text=True,
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+        runs[towers] = (report, subprocess.Popen(command, cwd=ROOT, env=env, text=True,
                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for towers, (report, process) in runs.items():
         output, _ = process.communicate(timeout=900)

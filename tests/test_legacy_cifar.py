@@ -1,6 +1,9 @@
 """legacy/cifar_resnet.py: the original's two-tower graph, its batch splits, restore, and a short run.
 
-The slow graphs (ResNet-v2-50, two towers, slow to build) are built once for the module.
+The slow graphs (ResNet-v2-50, two towers, slow to build) are built once for the module.  Tests of
+the splits and the training loop, whose point is not the network, build it with one unit per block
+(the program's --units_per_block 1 1 1 1: slim's resnet_v2 builder, the same scopes and names);
+the README's main job (tests/test_readme.py) runs it at ResNet-v2-50's.
 """
 import glob
 import os
@@ -17,6 +20,10 @@ from conftest import run_program
 from legacy import cifar_resnet, towers
 from records import cifar10
 
+
+
+SMALL = (1, 1, 1, 1)  # units per block
+SMALL_ARGV = ["--units_per_block", *map(str, SMALL)]
 
 
 def _batch(rows, seed=0):
@@ -71,7 +78,7 @@ def fix2(fix2_graph):
 
 @pytest.fixture(scope="module")
 def weighted2():
-    built = Built(num_towers=2, split="weighted")
+    built = Built(num_towers=2, split="weighted", units_per_block=SMALL)
     yield built
     built.sess.close()
 
@@ -308,7 +315,8 @@ EMBEDDED_LOG = ("settings: the embedded default profile; differs from the origin
 def test_embedded_run_drops_one_row_of_the_short_last_batch_and_saves_the_best_model(small_embedded_set,
                                                                                      tmp_path, capsys):
     """`python legacy/cifar_resnet.py`: the README's default demo, on a smaller embedded set, in-process."""
-    code = cifar_resnet.main(["--max_steps", "2", "--valid_every", "1", "--log_every", "1", *small_embedded_set])
+    code = cifar_resnet.main(["--max_steps", "2", "--valid_every", "1", "--log_every", "1", *SMALL_ARGV,
+                              *small_embedded_set])
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     assert EMBEDDED_LOG in out and "records: 21 train, 51 valid" in out
@@ -343,7 +351,7 @@ def test_embedded_static_split_empties_tower_1_on_the_short_last_batch(small_emb
     NaN (both are reported, the step is not applied, and training goes on); on GPUs it is NaN.
     """
     code = cifar_resnet.main(["--split", "static", "--max_steps", "2", "--valid_every", "100",
-                              "--log_every", "1", *small_embedded_set])
+                              "--log_every", "1", *SMALL_ARGV, *small_embedded_set])
     out, err = capsys.readouterr()
     assert code == 0, out[-2000:] + err[-2000:]
     assert EMBEDDED_LOG in out
@@ -371,7 +379,8 @@ def test_static_split_run_reports_the_expected_nan(tmp_path, monkeypatch):
     cifar10.make_synthetic(str(tmp_path / "data"), num_train=11, num_valid=4, seed=6)
     result = run_program(["legacy/cifar_resnet.py", "--data_dir", tmp_path / "data", "--split", "static",
                           "--batch_size", 8, "--valid_batch_size", 4, "--max_steps", 3, "--valid_every", 100,
-                          "--log_every", 1, "--model_dir", tmp_path / "models", "--log_dir", tmp_path / "logs"])
+                          "--log_every", 1, "--model_dir", tmp_path / "models", "--log_dir", tmp_path / "logs",
+                          *SMALL_ARGV])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     out = result.stdout
     # 11 rows in batches of 8: the second has 3 rows; constant current_batch_size 4 gives towers [3, 0].
@@ -386,8 +395,9 @@ def test_static_split_run_reports_the_expected_nan(tmp_path, monkeypatch):
     names = [name for name, _ in tf.train.list_variables(str(tmp_path / "models" / "train-model.ckpt-3"))]
     moving = [n for n in names if "moving_" in n]
     weights = [n for n in names if n.endswith("/weights")]
-    assert len(moving) == 98 and all(np.isnan(values.get_tensor(n)).all() for n in moving)
-    assert len(weights) == 54 and all(np.isfinite(values.get_tensor(n)).all() for n in weights)
+    # One unit per block: 13 batch norms (26 moving statistics), 18 weight tensors.
+    assert len(moving) == 26 and all(np.isnan(values.get_tensor(n)).all() for n in moving)
+    assert len(weights) == 18 and all(np.isfinite(values.get_tensor(n)).all() for n in weights)
 
 
 def test_bad_input_is_a_one_paragraph_error_before_any_graph(tmp_path, capsys):

@@ -31,7 +31,7 @@ def check_tf1_runtime(sides: Sides, settings: Settings) -> list[Result]:
     out_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_out.npz")
     meta = {"adapter": sides.pair.module, "pairing": sides.pairing.label, "towers": sides.towers,
             "seed": sides.seed, "start": sides.start_path, "files": dict(sides.files), "dropouts": len(masks),
-            "repeats": settings.tf1_repeats}
+            "repeats": settings.tf1_repeats, "argv": list(sides.pair.harness_argv(sides.towers))}
     arrays = {f"mask:{k}": np.array(per_tower, dtype=object) for k, per_tower in enumerate(masks)}
     np.savez(in_path, x=batch.x, y=batch.y, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,7 +24,7 @@ import functools
 import os
 import tempfile
 from types import ModuleType
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
@@ -76,10 +76,11 @@ class Data:
         return Batch(x, np.eye(cifar10.NUM_CLASSES, dtype=np.float32)[rng.randint(0, cifar10.NUM_CLASSES, rows)])
 
 
-def harness_argv(towers: int) -> tuple[str, ...]:
+def harness_argv(towers: int, units_per_block: Optional[Sequence[int]] = None) -> tuple[str, ...]:
     s = Data.sizes(towers)
+    units = ("--units_per_block", *map(str, units_per_block)) if units_per_block else ()
     return ("--batch_size", str(s["batch_size"]), "--valid_batch_size", str(s["valid_batch_size"]),
-            "--epochs", str(s["epochs"]))
+            "--epochs", str(s["epochs"]), *units)
 
 
 @dataclasses.dataclass
@@ -118,7 +119,8 @@ class Legacy:
                                      flags.shuffle_buffer, flags.epochs)
         ns = program.build_graph(num_towers=towers, split=flags.split,
                                  static_batch_size=max(1, flags.batch_size // towers),
-                                 boundaries=flags.boundaries, values=flags.values)
+                                 boundaries=flags.boundaries, values=flags.values,
+                                 units_per_block=getattr(flags, "units_per_block", None))
 
         def feed(batch: Batch, training: bool) -> TowerFeed:
             keep = flags.keep_prob if training else 1.0
@@ -303,14 +305,17 @@ def check_profiles(programs: Programs) -> Result:
                  f"original {programs.legacy_cifar.ORIGINAL_PROFILE}")
 
 
-def make_pair(programs: Programs) -> Pair:
-    """The pair, its sides driving the modules `programs` names."""
+def make_pair(programs: Programs, units_per_block: Optional[Sequence[int]] = None) -> Pair:
+    """The pair, its sides driving the modules `programs` names; with `units_per_block`, both programs
+    build ResNet-v2 with that many units in blocks 1-4 (their --units_per_block: the test suite's
+    smaller network, through the programs' own code; default ResNet-v2-50's 3 4 6 3)."""
     return Pair(
         name=NAME, legacy=Legacy(programs), modern=Modern(programs), data=Data(),
         capabilities=frozenset({"pipelines", "checkpoint_converter", "tf1_runtime", "shuffle"}),
         pairings=(Pairing(""), Pairing("--split=weighted", legacy_argv=("--split", "weighted"), groups=("splits",),
                                        quick=False)),
-        harness_argv=harness_argv, own_flags=("model_dir", "log_dir"),
+        harness_argv=functools.partial(harness_argv, units_per_block=units_per_block),
+        own_flags=("model_dir", "log_dir"),
         # 8 rows per tower: batch norm at block4's 1x1 maps normalises over a tower's rows only; with 2
         # rows the training loss amplifies float32 round-off past 1e-1 on either program alone.
         rows_per_tower=8, free_steps=20, quick_free_steps=0,
@@ -324,7 +329,9 @@ def make_pair(programs: Programs) -> Pair:
                     "train_tfrecords": "which files the program reads",
                     "test_tfrecords": "which files the program reads",
                     "pretrained": "the checkpoint restored before the first step (the harness sets both programs' "
-                                  "state)"},
+                                  "state)",
+                    "units_per_block": "the network's size, for tests: the harness judges the programs at the size "
+                                       "given (the test suite builds both at 1 1 1 1)"},
         extra_checks=functools.partial(extra_checks, programs),
         description="legacy/cifar_resnet.py (slim ResNet-v2-50 towers) vs modern/cifar_resnet.py",
         module=__name__,
