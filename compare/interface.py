@@ -315,7 +315,8 @@ class Pair:
     shuffle_rows, shuffle_argv: the training file's rows for the shuffled-pipeline check (more than
       the programs' shuffle buffer, so that its size shows) and arguments for that check.
     loop_flags: flags both programs accept that only their training loop or data resolution reads
-      (a step limit, a log interval, a data folder), each with that reason: the flags check, which
+      (a step limit, a log interval, a data folder), or that size what the harness judges at the size
+      given (a smaller network for tests), each with that reason: the flags check, which
       requires every other shared flag to change something both programs build, reports them.
     flag_values: shared flags at non-default values, argv lists that both programs must parse to the
       same settings (the configuration check adds the defaults); the flags check takes each flag's

@@ -56,7 +56,7 @@ def check_config(sides: Sides) -> Result:
     ok = not differ and all(e.max_rel <= 2 * EPS32 for e in errors)
     loop = sorted(set(pair.loop_flags))
     note = (f"{len(compared)} shared flags agree at their defaults and at {len(pair.flag_values)} non-default "
-            f"command lines" + (f" (read by the training loop only, not compared: {', '.join(loop)})" if loop else "")
+            f"command lines" + (f" (not compared, the adapter's loop_flags: {', '.join(loop)})" if loop else "")
             + f"; built: {'; '.join(notes)}") if not differ else "differ: " + "; ".join(differ[:6])
     result = judge(f"{sides.label}configuration (flags and what they build)", pair.name, errors, "exact", ok=ok,
                    note=note)

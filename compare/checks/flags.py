@@ -423,6 +423,6 @@ def check_flags(sides: Sides) -> Result:
                                                f"they build: {'; '.join(unfed)}")
     return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
                  note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
-                      + (f"; read by the training loop only, not judged here: {loop}" if loop else "")
+                      + (f"; not judged here, each for the adapter's reason: {loop}" if loop else "")
                       + (f"; not judged, no batch of the harness's fits what they build: {'; '.join(unfed)}"
                          if unfed else ""))
