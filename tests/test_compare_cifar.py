@@ -12,7 +12,6 @@ alone and in any order.
 """
 import copy
 import dataclasses
-import threading
 
 import keras
 import numpy as np
@@ -39,10 +38,8 @@ def built(tmp_path_factory):
     files = harness.write_files(PAIR, SETTINGS, tmp)
     pairings = harness.build_pairings(PAIR, SETTINGS, files, tmp, log=lambda *_: None)
     yield pairings
-    # Closed beside the next module's tests, off this worker's critical path: closing these sessions
-    # at the end of the module took from 0.3 s to 86 s under `-n 2` (not reproduced alone); no test
-    # waits for it, and the process waits for the thread before it exits.
-    threading.Thread(target=lambda: [sides.close() for sides, _ in pairings], name="close the CIFAR sessions").start()
+    for sides, _ in pairings:
+        sides.close()
 
 
 @pytest.fixture
