@@ -362,7 +362,7 @@ def tower_loss(g: types.SimpleNamespace, inputs: Any, labels: Any, is_training: 
     ""inference
     """
     with slim.arg_scope(nets.resnet_v2.resnet_arg_scope()):
-        if getattr(g, "units_per_block", None) is None:
+        if g.units_per_block is None:
             net, end_points = nets.resnet_v2.resnet_v2_50(inputs, num_classes=None, is_training=is_training)
         else:  # Port: fewer units, slim's own builder, the same scope and names (--units_per_block)
             net, end_points = smaller_resnet_v2_50(inputs, g.units_per_block, is_training)
