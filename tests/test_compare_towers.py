@@ -37,3 +37,31 @@ def test_harness_passes_at_one_and_three_towers(tmp_path):
             assert "23 rows" in results["split: remainder dropped"]["note"]
             assert results["split: a replica the strategy leaves empty"]["status"] == "PASS"
             assert results["split: fewer rows than towers"]["status"] == "EXPECTED"
+
+
+PLANTED = '''"""The CIFAR port at Keras' default Adam epsilon (1e-7; TF1's AdamOptimizer has 1e-8), one unit per block."""
+import functools
+
+from modern import cifar_resnet
+
+cifar_resnet.make_optimizer = functools.partial(cifar_resnet.make_optimizer, epsilon=1e-7)
+
+from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the port planted above)
+'''
+
+
+def test_command_line_at_three_towers_fails_keras_adam_epsilon_in_the_configuration(tmp_path):
+    """A mistake planted in the port's own code (`make_optimizer`, as its `build` calls it), judged
+    from the command line at 3 towers: exit 1, the configuration FAILs on the optimizer's epsilon
+    (|1e-7 - 1e-8| / 1e-8 = 9), no traceback."""
+    (tmp_path / "planted_small_cifar.py").write_text(PLANTED)
+    report = tmp_path / "parity.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
+    done = subprocess.run([sys.executable, "compare/run.py", "--pair", "planted_small_cifar", "--quick", "--towers", "3",
+                           "--only", "basics", "--report", str(report)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert sorted(n for n, r in results.items() if r["status"] == "FAIL") == ["configuration (flags and what they build)"]
+    worst = results["configuration (flags and what they build)"]["worst"]
+    assert worst["name"] == "optimizer epsilon" and 8 < worst["rel_l2"] < 10
