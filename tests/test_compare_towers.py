@@ -39,7 +39,7 @@ def test_harness_passes_at_one_and_three_towers(tmp_path):
             assert results["split: fewer rows than towers"]["status"] == "EXPECTED"
 
 
-PLANTED = '''"""The CIFAR port at Keras' default Adam epsilon (1e-7; TF1's AdamOptimizer has 1e-8), one unit per block."""
+PLANTED = '''"""The CIFAR port at Keras' default Adam epsilon (1e-7; TF1's Adam has 1e-8), one unit per block."""
 import functools
 
 from modern import cifar_resnet
@@ -57,11 +57,12 @@ def test_command_line_at_three_towers_fails_keras_adam_epsilon_in_the_configurat
     (tmp_path / "planted_small_cifar.py").write_text(PLANTED)
     report = tmp_path / "parity.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
-    done = subprocess.run([sys.executable, "compare/run.py", "--pair", "planted_small_cifar", "--quick", "--towers", "3",
-                           "--only", "basics", "--report", str(report)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    command = [sys.executable, "compare/run.py", "--pair", "planted_small_cifar", "--quick", "--towers", "3",
+               "--only", "basics", "--report", str(report)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
-    assert sorted(n for n, r in results.items() if r["status"] == "FAIL") == ["configuration (flags and what they build)"]
+    failed = sorted(n for n, r in results.items() if r["status"] == "FAIL")
+    assert failed == ["configuration (flags and what they build)"]
     worst = results["configuration (flags and what they build)"]["worst"]
     assert worst["name"] == "optimizer epsilon" and 8 < worst["rel_l2"] < 10
