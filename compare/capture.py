@@ -41,9 +41,11 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
+import traceback
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 from unittest import mock
 
@@ -68,6 +70,7 @@ else:  # Python 3.10, which TensorFlow 2.21 still supports, has no contextlib.ch
             os.chdir(before)
 
 tf1 = tf.compat.v1
+CAPTURE_SECONDS = 600  # a program that has not reached its first training step by then never will, for the harness
 SOURCES = ("QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany",
            "QueueDequeueUpTo", "IteratorGetNext", "Placeholder")
 XENT = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
@@ -75,6 +78,10 @@ XENT = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
 
 class CaptureError(HarnessError):
     """The program could not be captured (the message says what it did instead)."""
+
+
+class TimedOut(BaseException):
+    """Raised inside the port when its time to reach a training step is up."""
 
 
 class Stop(BaseException):
@@ -90,6 +97,7 @@ class Captured:
     fetches: Any
     device_line: Optional[str]
     finalized: bool = False  # the program asked to finalize the graph (recorded, not applied)
+    feed: Any = None  # the feed_dict of that run, as the program gave it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,10 +137,30 @@ def training_fetch(graph: Any, fetches: Any) -> Optional[Any]:
     return None
 
 
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """TimedOut raised in the main thread after `seconds` (no limit off the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def expire(*_: Any) -> None:
+        raise TimedOut()
+
+    before = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str] = None,
-            log: Callable[[str], None] = print) -> Captured:
+            log: Callable[[str], None] = print, seconds: float = CAPTURE_SECONDS) -> Captured:
     """Run `program` with `argv` under legacy.run_tf1 until its first training Session.run; its graph
-    (every graph it makes gets the graph-level seed `seed`).  CaptureError if it ends or fails first."""
+    (every graph it makes gets the graph-level seed `seed`).  CaptureError if it ends, fails or runs
+    `seconds` first."""
     from legacy.run_tf1 import tf1_environment
     from tensorflow.python.client import session as tf_session
     from tensorflow.python.framework import ops
@@ -146,7 +174,9 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         if not taken and threading.current_thread() is main:
             op = training_fetch(session.graph, fetches)
             if op is not None:
-                taken.append(Captured(session.graph, getattr(session, "_config", None), op, fetches, env_line[0]))
+                feed = args[0] if args else kwargs.get("feed_dict")
+                taken.append(Captured(session.graph, getattr(session, "_config", None), op, fetches, env_line[0],
+                                      feed=feed))
                 raise Stop()
         return run(session, fetches, *args, **kwargs)
 
@@ -163,17 +193,38 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         with mock.patch.object(tf_session.BaseSession, "run", session_run), \
                 mock.patch.object(ops.Graph, "__init__", seeded_graph), \
                 mock.patch.object(ops.Graph, "finalize", held_finalize):
+            timed_out = False
             try:
-                status = env.run_program(list(argv))
+                with time_limit(seconds):
+                    status = env.run_program(list(argv))
             except Stop:
                 status = None
+            except TimedOut:
+                status, timed_out = None, True
         env_line[0] = env.device_line
     if not taken:
-        why = (f"it raised while {env.failure.step} ({type(env.failure.error).__name__}: "
-               f"{str(env.failure.error).strip().splitlines()[0][:200] if str(env.failure.error).strip() else ''})"
-               if env.failure is not None else f"it ended with exit status {status}")
+        if timed_out:
+            why = f"it ran {seconds:g} s without a training Session.run"
+        elif env.failure is not None:
+            error = env.failure.error
+            where = last_frame(error, {str(env.program), *map(str, env.upgrades)})
+            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            why = f"it raised while {env.failure.step}, at {where} ({type(error).__name__}: {message})"
+        else:
+            why = f"it ended with exit status {status}"
         raise CaptureError(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
     return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
+
+
+def last_frame(error: BaseException, files: set[str]) -> str:
+    """'file:line in function: code' of the innermost traceback frame in `files` (the program's own),
+    else of the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if f.filename in files] or frames
+    if not own:
+        return "its top level"
+    f = own[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
 
 
 @contextlib.contextmanager
@@ -197,13 +248,17 @@ def working_directory(folder: Optional[str]) -> contextlib.AbstractContextManage
     return chdir(folder)
 
 
-def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None) -> argparse.Namespace:
+def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
+                environment: Optional[Callable[[str], Any]] = None) -> argparse.Namespace:
     """The program's own flags as it parses `argv`: it runs until it has parsed its command line
     (absl / `tf.app.flags`, or argparse) and stops there.  The flags its own files define, by name;
-    the Namespace remembers `argv` (as `_argv`), which `capture` runs the program with."""
+    the Namespace remembers `argv` (as `_argv`), which `capture` runs the program with.
+    environment: program -> the context it runs in (default: `legacy.run_tf1.tf1_environment`, quiet;
+    a port's: `compare.port_capture.port_environment`)."""
     from absl import flags as absl_flags
 
     from legacy.run_tf1 import tf1_environment
+    environment = environment or (lambda path: tf1_environment(path, log=lambda _: None))
     parsed: list[argparse.Namespace] = []
     absl_call, known = absl_flags.FlagValues.__dict__["__call__"], argparse.ArgumentParser.__dict__["parse_known_args"]
 
@@ -224,7 +279,7 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None) ->
             raise Stop()
         return namespace, left
 
-    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=lambda _: None) as env:
+    with working_directory(cwd), quiet_tensorflow(), environment(program) as env:
         with mock.patch.object(absl_flags.FlagValues, "__call__", absl_parse), \
                 mock.patch.object(argparse.ArgumentParser, "parse_known_args", argparse_parse):
             try:
@@ -526,21 +581,23 @@ class CapturedLegacy:
     `tower_losses`, `feed`, ...), `inputs` (the towers' TowerInputs) or `tower_weights`, each a callable of the captured
     graph and Found; every one named is used, and a name of no field is refused when the side is made.
     evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
-    pipeline check reads this many steps (capability 'pipelines').
+    pipeline check reads this many steps (capability 'pipelines').  seconds: its time to reach a training step.
     """
 
     def __init__(self, program: str, files_argv: Callable[[int, DataFiles], Sequence[str]], tower_flag: str,
                  cwd: Union[str, Callable[[DataFiles], str], None] = None,
                  names: Optional[Mapping[str, Callable[[Any, Found], Any]]] = None,
                  evaluate: Optional[Callable[[argparse.Namespace, str, DataFiles], Mapping[str, float]]] = None,
-                 pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None):
-        self.program, self.files_argv, self.tower_flag = program, files_argv, tower_flag
+                 pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None,
+                 seconds: float = CAPTURE_SECONDS):
+        self.program, self.files_argv, self.tower_flag, self.seconds = program, files_argv, tower_flag, seconds
         self.cwd, self.names, self.pipeline_steps, self.log = cwd, dict(names or {}), pipeline_steps, log
         unknown = sorted(set(self.names) - set(NAMES))
         if unknown:
             raise CaptureError(f"names= has no field {', '.join(map(repr, unknown))}: it takes {', '.join(NAMES)}")
         self._config: Any = None
         self.captured: Optional[Captured] = None
+        self.inputs: list[TowerInput] = []  # the towers' input rows in the last captured graph
         if evaluate is not None:
             self.evaluate = evaluate
 
@@ -559,7 +616,7 @@ class CapturedLegacy:
             else files
         argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, own), self.tower_flag, str(towers)]
         cwd = self.cwd(files) if callable(self.cwd) else self.cwd
-        captured = capture(self.program, argv, cwd=cwd, log=self.log)
+        captured = capture(self.program, argv, cwd=cwd, log=self.log, seconds=self.seconds)
         self.captured, self._config = captured, captured.config
         found = find(captured.graph, captured.train_op)
         named = {field: make(captured.graph, found) for field, make in self.names.items()}
@@ -572,6 +629,7 @@ class CapturedLegacy:
         if len(inputs) != len(losses):
             raise CaptureError(f"found the input rows of {len(inputs)} of {len(losses)} towers: name them "
                                f"(names={{'inputs': ...}})")
+        self.inputs = list(inputs)
         weights = named.get("tower_weights", found.tower_weights)
         if weights is None or len(weights) != len(losses):
             raise CaptureError(f"how the graph combines the {len(losses)} towers' gradients is not a sum or a mean "

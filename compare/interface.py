@@ -244,6 +244,8 @@ class ModernBuild:
       load a TF1 checkpoint into `model`; write `model` as a TF1 checkpoint at a path, returning it.
     layer_scopes: optional; Keras layer name -> the TF1 name scope that computes it, for the layers the
       harness cannot pair by their variables or names when it localises a FAIL (compare.diagnosis).
+    strategy: the strategy the port built under, where it is not the one the harness gave `build`
+      (a port captured as it ran, which makes its own: compare.port_capture).
     """
     model: Any
     optimizer: Any
@@ -258,6 +260,7 @@ class ModernBuild:
     load_tf1: Optional[Callable[[str], Any]] = None
     save_tf1: Optional[Callable[[str], str]] = None
     layer_scopes: Optional[Mapping[str, str]] = None
+    strategy: Any = None
 
 
 @runtime_checkable
@@ -265,6 +268,9 @@ class ModernSide(Protocol):
     """The TF2 port.
 
     replica_flag: the port's command-line flag for the number of replicas.
+    makes_its_strategy: optional, True for a side that makes its own strategy (a port captured as it
+      runs): `build` is then called outside any strategy's scope, with strategy None, and returns the
+      strategy in `ModernBuild.strategy`.
     """
     replica_flag: str
 

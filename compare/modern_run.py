@@ -34,12 +34,18 @@ class ModernRun:
     """The port's model, optimizer and steps (the adapter's ModernBuild) under its strategy."""
 
     def __init__(self, pair: Pair, flags: Any, strategy: Any, files: DataFiles, legacy: LegacyRun):
-        self.pair, self.flags, self.strategy = pair, flags, strategy
-        with strategy.scope():
-            build = pair.modern.build(flags, strategy, files)
+        self.pair, self.flags = pair, flags
+        if getattr(pair.modern, "makes_its_strategy", False):
+            build = pair.modern.build(flags, None, files)
+        else:
+            with strategy.scope():
+                build = pair.modern.build(flags, strategy, files)
         if not isinstance(build, ModernBuild):
             raise HarnessError(f"{type(pair.modern).__name__}.build returned {type(build).__name__}, "
                                f"not a compare.interface.ModernBuild")
+        self.strategy = build.strategy if build.strategy is not None else strategy
+        if self.strategy is None:
+            raise HarnessError(f"{type(pair.modern).__name__} makes its own strategy but its build returned none")
         self.build = build
         self.model, self.optimizer = build.model, build.optimizer
         self.names = dict(build.variables) if build.variables is not None else default_variable_map(

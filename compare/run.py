@@ -12,6 +12,8 @@ Run it (from the repository root):
     python compare/run.py --pair examples.cifar10_tutorial.adapter   # a pair written in another style
     python compare/run.py --pair my_package.my_adapter               # your own TF1 program and port
     python compare/run.py --program modern_cifar=my_package.my_trainer   # another module in a seed pair's role
+    python compare/run.py --legacy train_tf1.py --modern train_tf2.py -- --data_dir data --batch_size 16
+                                                  # two programs, no adapter: both captured as they run
 
 A pair is judged through its adapter module (compare/interface.py; docs/judging-your-own-port.md):
 the harness builds both programs with their own code, gives them the same start and the same rows,
@@ -86,7 +88,36 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="judge MODULE (a dotted name) in ROLE of this repository's pairs instead of the program "
                         "there (roles: legacy_cifar, modern_cifar, legacy_mnist, legacy_mnist_eval, "
                         "modern_mnist; compare/programs.py); repeatable")
-    args = p.parse_args(argv)
+    p.add_argument("--legacy", default=None, metavar="PROGRAM.py",
+                   help="a TF1 program to judge against --modern with no adapter: both run unmodified to their "
+                        "first training step and are captured there (compare/pairs/captured.py); the arguments "
+                        "after -- go to both")
+    p.add_argument("--modern", default=None, metavar="PROGRAM.py", help="the TF2 port of --legacy")
+    p.add_argument("--tower_flag", default=None, metavar="NAME",
+                   help="--legacy's flag for its tower count (default: the first it parses of "
+                        "num_gpus, num_towers, num_replicas, num_clones, ...)")
+    p.add_argument("--replica_flag", default=None, metavar="NAME",
+                   help="--modern's flag for its replica count (default: found as --tower_flag is)")
+    p.add_argument("--loop", action="append", default=[], metavar="FLAG",
+                   help="with --legacy/--modern: a flag both accept that only their training loop reads (a step "
+                        "limit, a log interval), which the flags check then reports instead of judging; repeatable")
+    p.add_argument("--capture_seconds", type=at_least(1), default=600, metavar="S",
+                   help="with --legacy/--modern: each program's time to reach its first training step (default: 600)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    both = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.both = both
+    if (args.legacy is None) != (args.modern is None):
+        p.error("--legacy and --modern go together: the TF1 program and its port")
+    if args.legacy is not None:
+        for program in (args.legacy, args.modern):
+            if not (program.endswith(".py") and os.path.isfile(program)):
+                p.error(f"{program}: not a Python file")
+        if args.model or args.pair or args.program:
+            p.error("--legacy/--modern judge two programs alone: no --model, --pair or --program beside them")
+    elif both or args.tower_flag or args.replica_flag or args.loop or args.capture_seconds != 600:
+        p.error("arguments after --, --tower_flag, --replica_flag, --loop and --capture_seconds go with "
+                "--legacy/--modern")
     args.programs = {}
     for spec in args.program:
         role, _, module = spec.partition("=")
@@ -100,7 +131,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         unknown = [g for g in args.only if g not in GROUPS]
         if unknown:
             p.error(f"--only: unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
-    if args.model is None and not args.pair:
+    if args.model is None and not args.pair and args.legacy is None:
         args.model = "all"
     args.pairs = ([SEED_PAIRS[m] for m in (("cifar", "mnist") if args.model == "all" else (args.model,))]
                   if args.model else []) + list(args.pair)
@@ -199,7 +230,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         chosen = Programs.load(**args.programs) if args.programs else None
         pairs = [harness.load_adapter(module, chosen) for module in args.pairs]
-    except (InterfaceError, harness.AdapterError) as e:
+        if args.legacy is not None:
+            from compare.pairs.captured import program_pair
+            log(f"reading the flags of {args.legacy} and {args.modern}")
+            pairs.append(program_pair(args.legacy, args.modern, args.both, args.tower_flag, args.replica_flag,
+                                      args.loop, args.capture_seconds, log=log))
+    except (InterfaceError, harness.AdapterError, harness.HarnessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for role, module in args.programs.items():

@@ -135,9 +135,14 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
     log(f"{pair.name}: {pairing.label + ': ' if pairing.label else ''}building the legacy graph ({towers} towers)")
     legacy = LegacyRun(pair, legacy_flags, towers, files, seed)
     if modern is None:
-        strategy = common.make_strategy(towers)
+        strategy = None if getattr(pair.modern, "makes_its_strategy", False) else common.make_strategy(towers)
         log(f"{pair.name}: building the modern model ({towers} replicas)")
         modern = ModernRun(pair, modern_flags, strategy, files, legacy)
+        replicas = modern.strategy.num_replicas_in_sync
+        if replicas != towers:
+            legacy.close()
+            raise HarnessError(f"the port runs {replicas} replicas where the legacy program runs {towers} towers: "
+                               f"is {pair.modern.replica_flag} its replica flag?")
     else:
         check_variable_map(modern.names, legacy, modern.model)
     sides = Sides(pair, pairing, towers, legacy, modern, files, tmp_dir, seed)

@@ -19,7 +19,7 @@ JUDGE_LAYERS = (
     ("compare/common.py", "compare/interface.py", "compare/programs.py", "compare/report.py", "compare/settings.py",
      "compare/state.py"),
     ("compare/optimizers.py", "compare/tf1_graph.py", "compare/multiworker.py"),
-    ("compare/legacy_run.py", "compare/modern_run.py", "compare/capture.py"),
+    ("compare/legacy_run.py", "compare/modern_run.py", "compare/capture.py", "compare/port_capture.py"),
     ("compare/sides.py",),
     ("compare/measures.py",),
     ("compare/tolerances.py", "compare/diagnosis.py"),

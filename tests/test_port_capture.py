@@ -1,0 +1,207 @@
+"""Two programs judged with no adapter (compare/pairs/captured.py, compare/port_capture.py): the TF1
+program and its port both run unmodified to their first training step and are captured there.
+
+  * examples/split_towers (absl flags, queue runners, a custom loop with strategy.run in a tf.function):
+    the same statuses as through its adapter, and a mistake planted in a copy of the port's file FAILs
+    the same checks as the same mistake planted through the adapter;
+  * tf1_programs/fed_towers (placeholders fed from numpy, argparse) against a port trained with
+    model.fit: captured (Keras' own step, the dataset fit was given), judged, a planted mistake FAILs;
+  * each way a capture cannot be made is one line, exit status 2, before any check.
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from compare import harness
+from compare.capture import CaptureError
+from compare.pairs.captured import program_pair
+from compare.port_capture import PortCaptureError, capture_port
+from conftest import ROOT
+from examples.split_towers import adapter
+
+SETTINGS = harness.Settings(towers=2, steps=2, free_steps=4, quick=True)
+SPLIT = ROOT / "examples" / "split_towers"
+FED = ROOT / "tests" / "tf1_programs" / "fed_towers"
+
+
+def statuses(results):
+    return {r.check: r.status for r in results}
+
+
+def failed(results):
+    return sorted(r.check for r in results if r.status in ("FAIL", "ERROR"))
+
+
+def split_argv(tmp_path):
+    data = adapter.Data().write(str(tmp_path / "data"), 2, 0)
+    return ["--data_dir", os.path.dirname(data["train"]), "--train_dir", str(tmp_path / "train"),
+            "--batch_size", "16", "--num_preprocess_threads", "1", "--min_after_dequeue", "40"]
+
+
+def judged(legacy, modern, argv, tmp_path, settings=SETTINGS):
+    pair = program_pair(str(legacy), str(modern), argv)
+    return harness.judge_pair(pair, settings, str(tmp_path / "judged"), log=lambda *_: None)
+
+
+def planted(tmp_path, source, old, new):
+    """A copy of the program `source` with `old` replaced by `new` (once, and it must be there)."""
+    text = source.read_text()
+    assert text.count(old) == 1, old
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_split_towers_with_no_adapter_gives_its_adapters_statuses(tmp_path):
+    through_adapter = statuses(harness.judge_pair(adapter.PAIR, SETTINGS, str(tmp_path / "adapter"),
+                                                  log=lambda *_: None))
+    captured = judged(SPLIT / "train_tf1.py", SPLIT / "modern_train.py", split_argv(tmp_path), tmp_path)
+    assert statuses(captured) == through_adapter
+    assert failed(captured) == []
+    by_check = {r.check: r for r in captured}
+    # The pipelines are both programs' own: the legacy queue read in the harness's session, the port's
+    # dataset as it gave it to experimental_distribute_dataset.
+    assert by_check["input pipelines"].status == "PASS"
+    assert "queue runners started and stopped by the harness" in by_check["input pipelines"].note
+    assert "as the optimizer's update received them" in by_check["gradients (read out of the train step)"].note
+
+
+def test_a_mistake_planted_in_the_ports_file_fails_the_checks_it_fails_through_the_adapter(tmp_path):
+    """The port's cross-entropy without its label smoothing (tests/test_capture.py plants the same
+    mistake through the adapter, and the same two checks FAIL there)."""
+    port = planted(tmp_path, SPLIT / "modern_train.py", "from_logits=True, label_smoothing=label_smoothing)",
+                   "from_logits=True, label_smoothing=0.0)")
+    results = judged(SPLIT / "train_tf1.py", port, split_argv(tmp_path), tmp_path,
+                     dataclasses.replace(SETTINGS, only=("training",)))
+    assert failed(results) == ["forward (training, same dropout masks)", "gradients (read out of the train step)"]
+
+
+@pytest.fixture(scope="module")
+def fed_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fed_data")
+    rng = np.random.RandomState(0)
+    np.savez(folder / "train.npz", images=rng.uniform(-1, 1, (96, 8, 8, 1)).astype(np.float32),
+             labels=rng.randint(0, 10, 96).astype(np.int32))
+    return ["--data_dir", str(folder), "--batch_size", "16", "--max_steps", "3"]
+
+
+def test_a_port_trained_with_model_fit_is_captured_and_judged(tmp_path, fed_data):
+    results = judged(FED / "train_tf1.py", FED / "fit_port.py", [*fed_data, "--train_dir", str(tmp_path)], tmp_path)
+    assert failed(results) == []
+    passed = {r.check for r in results if r.status == "PASS"}
+    assert {"forward (inference)", "forward (training, same dropout masks)", "gradients (read out of the train step)",
+            "split: short last batch", "2 training steps: loss and gradients", "2 training steps: optimizers side by side",
+            "4 free-running steps (chaos floor)"} <= passed
+    # The rows came from the TF1 program's own feed: its first step's 16 rows, 8 a tower.
+    note = {r.check: r.note for r in results}["forward (training, same dropout masks)"]
+    assert "rows per replica [8, 8]" in note
+
+
+def test_a_mistake_planted_in_a_model_fit_port_fails(tmp_path, fed_data):
+    port = planted(tmp_path, FED / "fit_port.py", 'activation="relu"', 'activation="tanh"')
+    results = judged(FED / "train_tf1.py", port, [*fed_data, "--train_dir", str(tmp_path)], tmp_path,
+                     dataclasses.replace(SETTINGS, only=("basics", "forward", "training")))
+    assert {"forward (inference)", "forward (training, same dropout masks)",
+            "gradients (read out of the train step)"} <= set(failed(results))
+
+
+def port(tmp_path, body, name="port.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_a_port_that_raises_before_its_first_step_is_one_line_quoting_its_last_frame(tmp_path):
+    path = port(tmp_path, """\
+        def main():
+            raise ValueError("no train-*.tfrecord file in /nowhere")
+
+        main()
+        """)
+    with pytest.raises(PortCaptureError) as raised:
+        capture_port(path, [])
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "it raised ValueError at port.py:2 in main: raise ValueError(" in message
+    assert "(no train-*.tfrecord file in /nowhere)" in message
+
+
+def test_a_port_that_never_trains_or_runs_past_the_time_limit_is_one_line(tmp_path):
+    ends = port(tmp_path, "print('nothing to train')\n", "ends.py")
+    with pytest.raises(PortCaptureError, match=r"it ended with exit status 0 without calling strategy.run"):
+        capture_port(ends, [])
+    waits = port(tmp_path, "import time\nwhile True:\n    time.sleep(0.05)\n", "waits.py")
+    with pytest.raises(PortCaptureError, match=r"it ran 1 s without calling strategy.run inside a tf.function"):
+        capture_port(waits, [], seconds=1)
+
+
+def test_a_step_that_takes_an_iterator_cannot_be_driven_and_says_so(tmp_path):
+    path = port(tmp_path, """\
+        import keras
+        import tensorflow as tf
+
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4, 4)), keras.layers.Flatten(), keras.layers.Dense(3)])
+            optimizer = keras.optimizers.SGD(0.1)
+        dataset = tf.data.Dataset.from_tensors((tf.ones([2, 4, 4]), tf.zeros([2], tf.int32))).repeat()
+        iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+        @tf.function
+        def train_step(iterator):
+            def replica(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+            return strategy.run(replica, args=next(iterator))
+
+        train_step(iterator)
+        """)
+    from compare.port_capture import CapturedPort
+    side = CapturedPort(path, "--num_gpus")
+    with pytest.raises(PortCaptureError, match=r"takes an iterator, not an element"):
+        side.build(side.parse_args([]), None, {})
+
+
+def test_a_tf1_program_that_raises_before_its_first_step_quotes_its_last_frame(tmp_path):
+    from compare.capture import capture
+    path = port(tmp_path, """\
+        import tensorflow as tf
+
+        def build():
+            return tf.placeholder(tf.float32, [None, 3]) + tf.constant([1.0, 2.0])
+
+        build()
+        """, "train_tf1.py")
+    with pytest.raises(CaptureError) as raised:
+        capture(path, [])
+    assert "at train_tf1.py:4 in build: return tf.placeholder(" in str(raised.value)
+
+
+def test_the_command_line_refuses_a_port_it_cannot_capture_with_exit_2_and_one_line(tmp_path):
+    broken = port(tmp_path, """\
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--num_gpus", type=int, default=1)
+        p.add_argument("--data_dir")
+        args = p.parse_args()
+        raise FileNotFoundError(args.data_dir)
+        """)
+    rng = np.random.RandomState(0)
+    np.savez(tmp_path / "train.npz", images=rng.uniform(-1, 1, (32, 8, 8, 1)).astype(np.float32),
+             labels=rng.randint(0, 10, 32).astype(np.int32))
+    done = subprocess.run([sys.executable, str(ROOT / "compare" / "run.py"), "--legacy", str(FED / "train_tf1.py"),
+                           "--modern", broken, "--quick", "--", "--data_dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "it raised FileNotFoundError at port.py:6 in <module>" in errors[0], errors[0]
+    assert " PASS" not in done.stdout

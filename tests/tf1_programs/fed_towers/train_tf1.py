@@ -1,0 +1,60 @@
+"""A small TF1 tower program fed from numpy: placeholders cut by tf.split over the towers, variables
+shared through variable_scope reuse, averaged gradients, plain gradient descent.
+
+    python train_tf1.py --data_dir DIR --num_gpus 2 --batch_size 16
+"""
+import argparse
+import os
+
+import numpy as np
+import tensorflow as tf
+
+parser = argparse.ArgumentParser()
+parser.add_argument('--data_dir', default='/tmp/fed_towers_data')
+parser.add_argument('--train_dir', default='/tmp/fed_towers_train')
+parser.add_argument('--num_gpus', type=int, default=2)
+parser.add_argument('--batch_size', type=int, default=64)
+parser.add_argument('--learning_rate', type=float, default=0.1)
+parser.add_argument('--hidden', type=int, default=32)
+parser.add_argument('--max_steps', type=int, default=100)
+
+
+def tower_logits(images, hidden):
+  flat = tf.reshape(images, [-1, 64])
+  with tf.variable_scope('hidden'):
+    w = tf.get_variable('weights', [64, hidden], initializer=tf.truncated_normal_initializer(stddev=0.1))
+    b = tf.get_variable('biases', [hidden], initializer=tf.zeros_initializer())
+    h = tf.nn.relu(tf.matmul(flat, w) + b)
+  with tf.variable_scope('logits'):
+    w = tf.get_variable('weights', [hidden, 10], initializer=tf.truncated_normal_initializer(stddev=0.1))
+    b = tf.get_variable('biases', [10], initializer=tf.zeros_initializer())
+    return tf.matmul(h, w) + b
+
+
+def main():
+  args = parser.parse_args()
+  data = np.load(os.path.join(args.data_dir, 'train.npz'))
+  images = tf.placeholder(tf.float32, [None, 8, 8, 1], name='images')
+  labels = tf.placeholder(tf.int32, [None], name='labels')
+  global_step = tf.train.get_or_create_global_step()
+  opt = tf.train.GradientDescentOptimizer(args.learning_rate)
+  tower_grads = []
+  for i, (x, y) in enumerate(zip(tf.split(images, args.num_gpus), tf.split(labels, args.num_gpus))):
+    with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i), tf.variable_scope('', reuse=i > 0):
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=tower_logits(x, args.hidden)))
+      tower_grads.append(opt.compute_gradients(loss))
+  grads = [(tf.reduce_mean(tf.stack([g for g, _ in pairs]), 0), pairs[0][1]) for pairs in zip(*tower_grads)]
+  train_op = opt.apply_gradients(grads, global_step=global_step)
+  with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    rows = len(data['images'])
+    for step in range(args.max_steps):
+      start = step * args.batch_size % (rows - args.batch_size + 1)
+      feed = {images: data['images'][start:start + args.batch_size], labels: data['labels'][start:start + args.batch_size]}
+      _, value = sess.run([train_op, loss], feed)
+      if step % 10 == 0:
+        print('step %d, loss %.3f' % (step, value))
+
+
+if __name__ == '__main__':
+  main()
