@@ -580,8 +580,9 @@ class CapturedLegacy:
     finds otherwise than the program means it, by field of LegacyGraph (any of NAMES: `loss`,
     `tower_losses`, `feed`, ...), `inputs` (the towers' TowerInputs) or `tower_weights`, each a callable of the captured
     graph and Found; every one named is used, and a name of no field is refused when the side is made.
-    evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner input found, the
-    pipeline check reads this many steps (capability 'pipelines').  seconds: its time to reach a training step.
+    evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner or iterator
+    input found, the pipeline check reads this many steps of it (capability 'pipelines').  seconds: its time to
+    reach a training step.
     """
 
     def __init__(self, program: str, files_argv: Callable[[int, DataFiles], Sequence[str]], tower_flag: str,
@@ -637,9 +638,12 @@ class CapturedLegacy:
         with captured.graph.as_default():  # the combined loss the applied gradients are the gradients of
             loss = named["loss"] if "loss" in named else tf.add_n([w * t for w, t in zip(weights, losses)])
         pipeline = None
+        sources = list(dict.fromkeys((t.x, t.y) for t in inputs))
         if captured.graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) and self.pipeline_steps:
-            sources = list(dict.fromkeys((t.x, t.y) for t in inputs))
             pipeline = LegacyPipeline(train=sources, steps=self.pipeline_steps, queue_runners=True)
+        elif self.pipeline_steps and sources and all(x.op.type == "IteratorGetNext" for x, _ in sources):
+            makes = [op for op in captured.graph.get_operations() if op.type == "MakeIterator"]
+            pipeline = LegacyPipeline(train=sources, initializer=makes, steps=self.pipeline_steps)
         built = LegacyGraph(feed=found_feed(inputs, weights), tower_logits=logits, tower_losses=losses,
                             loss=loss, grads_and_vars=found.grads_and_vars, train_op=found.train_op,
                             global_step=found.global_step, learning_rate=found.learning_rate,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
@@ -236,7 +236,9 @@ class ModernBuild:
     variables: TF1 name -> model variable.  None: the harness pairs the legacy model variables
       with the model's by creation order and shape (and says which do not pair).
     predict: x -> logits in inference mode; None: model(x, training=False).
-    shadows: TF1 name -> the moving-average shadow of that variable (capability "moving_averages").
+    shadows: TF1 name -> the moving-average shadow of that variable (capability "moving_averages"); or
+      a callable (TF1 name -> model variable) -> that mapping, for a side that learns the TF1 names only
+      when the harness pairs the variables (a port captured as it ran).
     dataset, valid_dataset: the program's own tf.data pipelines of global batches on the harness's
       files (capability "pipelines"): elements (x, y) or (x, y, weights).
     evaluate: a TF1 checkpoint path -> the program's evaluation metrics (capability "evaluation").
@@ -253,7 +255,7 @@ class ModernBuild:
     distribute: Callable[[Batch], Any]
     variables: Optional[Mapping[str, Any]] = None
     predict: Optional[Callable[[np.ndarray], Any]] = None
-    shadows: Optional[Mapping[str, Any]] = None
+    shadows: Union[Mapping[str, Any], Callable[[Mapping[str, Any]], Mapping[str, Any]], None] = None
     dataset: Optional[Callable[[], Any]] = None
     valid_dataset: Optional[Callable[[], Any]] = None
     evaluate: Optional[Callable[[str], Mapping[str, float]]] = None
@@ -294,13 +296,14 @@ class Pairing:
     legacy_argv, modern_argv: command-line arguments each program is built with.
     same_rows_on_every_tower: the legacy program feeds one batch to every tower (and the port
       copies it to every replica): a batch then has rows_per_tower rows, not towers x rows_per_tower.
+      None: found when the pairing is built, from the legacy feed (every tower given the whole batch).
     groups: the check groups run for this pairing (None: all); see compare.harness.GROUPS.
     quick: whether `compare/run.py --quick` runs this pairing.
     """
     label: str = ""
     legacy_argv: tuple[str, ...] = ()
     modern_argv: tuple[str, ...] = ()
-    same_rows_on_every_tower: bool = False
+    same_rows_on_every_tower: Optional[bool] = False
     groups: Optional[tuple[str, ...]] = None
     quick: bool = True
 
@@ -356,6 +359,14 @@ def optional(side: object, method: str) -> Optional[Callable[..., Any]]:
     or None where the side does not define it."""
     found = getattr(side, method, None)
     return found if callable(found) else None
+
+
+def undeclared(pair: Pair, what: str, capability: str) -> str:
+    """Why a check of an optional capability judges nothing: its adapter does not declare it, or there
+    is no adapter (two programs judged alone), which is where it would be declared."""
+    if pair.module:
+        return f"the adapter declares no {what} (capability '{capability}')"
+    return f"judged with no adapter, which is where {what} would be declared (capability '{capability}')"
 
 
 class AdapterError(Exception):

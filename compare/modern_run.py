@@ -61,7 +61,8 @@ class ModernRun:
         self.batch_norms = [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
         self.seeds = [layer.seed_generator.state for layer in layers
                       if isinstance(getattr(layer, "seed_generator", None), keras.random.SeedGenerator)]
-        self.shadows = dict(build.shadows) if build.shadows is not None else {}
+        shadows = build.shadows(self.names) if callable(build.shadows) else build.shadows
+        self.shadows = dict(shadows) if shadows is not None else {}
         self.mask_shapes = [tuple(d.noise.shape[1:]) for d in legacy.dropouts if d.tower == 0]
         self._draw: Any = None
         self.state_lr = 1.0

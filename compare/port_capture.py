@@ -12,6 +12,8 @@ the function is traced (as its call would trace it), and the harness keeps
     model       the first Keras model the trace called, at the top (not a layer of another model)
     optimizer   the first Keras optimizer the trace applied gradients with
     dataset     the global dataset the program gave `strategy.experimental_distribute_dataset`, if any
+    averages    the first `tf.train.ExponentialMovingAverage` the program applied, if any (its shadows
+                are the moving averages the harness judges)
 
 so nothing of the step has run: the weights are the program's fresh ones, and the optimizer is
 built (its slots exist).  `CapturedPort` is the ModernSide that does it.  What it drives:
@@ -43,12 +45,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
 import types
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from unittest import mock
 
 import numpy as np
@@ -178,6 +181,7 @@ class Taken:
     optimizer: Any
     dataset: Any = None
     options: Any = None
+    averages: Any = None  # the first tf.train.ExponentialMovingAverage the program applied, if any
 
 
 class Watch:
@@ -189,6 +193,7 @@ class Watch:
         self.models: list[Any] = []
         self.optimizers: list[Any] = []
         self.distributed: Optional[tuple[Any, Any]] = None  # (dataset, options)
+        self.averages: Any = None
         self.depth = 0
         self.probing = False
         self.main = threading.main_thread()
@@ -198,11 +203,18 @@ class Watch:
         from keras.src.optimizers.base_optimizer import BaseOptimizer
         from tensorflow.python.distribute import distribute_lib
         from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
+        from tensorflow.python.training import moving_averages
 
         call, run = pf.Function.__call__, distribute_lib.StrategyBase.run
         distribute_dataset = distribute_lib.StrategyBase.experimental_distribute_dataset
         apply, layer_call = BaseOptimizer.apply, keras.layers.Layer.__call__
+        average = moving_averages.ExponentialMovingAverage.apply
         watch = self
+
+        def average_apply(ema: Any, *args: Any, **kwargs: Any) -> Any:
+            if watch.averages is None:
+                watch.averages = ema
+            return average(ema, *args, **kwargs)
 
         def function_call(function: Any, *args: Any, **kwargs: Any) -> Any:
             if watch.probing or not tf.executing_eagerly() or threading.current_thread() is not watch.main:
@@ -253,7 +265,8 @@ class Watch:
                 mock.patch.object(distribute_lib.StrategyBase, "run", strategy_run),
                 mock.patch.object(distribute_lib.StrategyBase, "experimental_distribute_dataset", distribute),
                 mock.patch.object(BaseOptimizer, "apply", optimizer_apply),
-                mock.patch.object(keras.layers.Layer, "__call__", model_call)]
+                mock.patch.object(keras.layers.Layer, "__call__", model_call),
+                mock.patch.object(moving_averages.ExponentialMovingAverage, "apply", average_apply)]
 
     def taken(self) -> Optional[Taken]:
         if self.run is None:
@@ -261,7 +274,7 @@ class Watch:
         strategy, function, args, kwargs = self.run
         dataset, options = self.distributed or (None, None)
         return Taken(strategy, function, args, kwargs, self.models[0] if self.models else None,
-                     self.optimizers[0] if self.optimizers else None, dataset, options)
+                     self.optimizers[0] if self.optimizers else None, dataset, options, self.averages)
 
 
 def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SECONDS, cwd: Optional[str] = None,
@@ -423,7 +436,8 @@ class CapturedPort:
         dataset = taken.dataset
         return ModernBuild(model=taken.model, optimizer=taken.optimizer, train_step=train_step,
                            distribute=distribute, strategy=taken.strategy,
-                           dataset=None if dataset is None else lambda: dataset)
+                           dataset=None if dataset is None else lambda: dataset,
+                           shadows=None if taken.averages is None else functools.partial(shadows, taken.averages))
 
     @staticmethod
     def element_argument(taken: Taken, name: str) -> tuple[Any, tuple]:
@@ -438,6 +452,22 @@ class CapturedPort:
         if any(tf.is_tensor(v) or hasattr(v, "values") for v in tf.nest.flatten(others)):
             raise PortCaptureError(f"{name} takes tensors besides its element: the harness cannot drive it")
         return element, others
+
+
+def shadows(ema: Any, names: Mapping[str, Any]) -> dict[str, Any]:
+    """TF1 name -> the shadow `ema` keeps of that model variable (of the Keras variable or the tf.Variable
+    under it), for the variables it averages."""
+    out = {}
+    for name, variable in names.items():
+        for candidate in (variable, getattr(variable, "value", None)):
+            try:
+                found = ema.average(candidate)
+            except (AttributeError, TypeError):  # a Keras variable: its tf.Variable is `value`
+                continue
+            if found is not None:
+                out[name] = found
+                break
+    return out
 
 
 def distributed(taken: Taken, program: Any) -> Any:

@@ -101,6 +101,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--loop", action="append", default=[], metavar="FLAG",
                    help="with --legacy/--modern: a flag both accept that only their training loop reads (a step "
                         "limit, a log interval), which the flags check then reports instead of judging; repeatable")
+    p.add_argument("--legacy_arg", action="append", default=[], metavar="ARG",
+                   help="with --legacy/--modern: an argument for the TF1 program alone (--legacy_arg=--flag=value); "
+                        "repeatable")
+    p.add_argument("--modern_arg", action="append", default=[], metavar="ARG",
+                   help="with --legacy/--modern: an argument for the port alone (--modern_arg=--flag=value); "
+                        "repeatable")
     p.add_argument("--capture_seconds", type=at_least(1), default=600, metavar="S",
                    help="with --legacy/--modern: each program's time to reach its first training step (default: 600)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -115,9 +121,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 p.error(f"{program}: not a Python file")
         if args.model or args.pair or args.program:
             p.error("--legacy/--modern judge two programs alone: no --model, --pair or --program beside them")
-    elif both or args.tower_flag or args.replica_flag or args.loop or args.capture_seconds != 600:
-        p.error("arguments after --, --tower_flag, --replica_flag, --loop and --capture_seconds go with "
-                "--legacy/--modern")
+    elif (both or args.tower_flag or args.replica_flag or args.loop or args.capture_seconds != 600 or args.legacy_arg
+          or args.modern_arg):
+        p.error("arguments after --, --tower_flag, --replica_flag, --loop, --legacy_arg, --modern_arg and "
+                "--capture_seconds go with --legacy/--modern")
     args.programs = {}
     for spec in args.program:
         role, _, module = spec.partition("=")
@@ -234,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from compare.pairs.captured import program_pair
             log(f"reading the flags of {args.legacy} and {args.modern}")
             pairs.append(program_pair(args.legacy, args.modern, args.both, args.tower_flag, args.replica_flag,
-                                      args.loop, args.capture_seconds, log=log))
+                                      args.loop, args.capture_seconds, args.legacy_arg, args.modern_arg, log=log))
     except (InterfaceError, harness.AdapterError, harness.HarnessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from compare import common, tf1_graph
-from compare.interface import Batch, DataFiles, Pair, Pairing
+from compare.interface import Batch, DataFiles, NotFed, Pair, Pairing
 from compare.legacy_run import HarnessError, LegacyRun, TowerRows
 from compare.modern_run import ModernRun, check_variable_map
 from compare.state import Masks, ReplicaBatch, State, StepOutcome, replica_rows, row_index, row_key
@@ -145,6 +145,8 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
                                f"is {pair.modern.replica_flag} its replica flag?")
     else:
         check_variable_map(modern.names, legacy, modern.model)
+    if pairing.same_rows_on_every_tower is None:
+        pairing = dataclasses.replace(pairing, same_rows_on_every_tower=every_tower_whole(pair, legacy, towers))
     sides = Sides(pair, pairing, towers, legacy, modern, files, tmp_dir, seed)
     path = start_path or checkpoint
     if path:
@@ -161,6 +163,19 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
     weights = legacy.sess.run({n: legacy.by_name[n] for n in legacy.model})
     sides.start = State(weights, legacy.initial_slots, 0, {n: weights[n] for n in legacy.shadows} or None)
     return sides
+
+
+def every_tower_whole(pair: Pair, legacy: LegacyRun, towers: int) -> bool:
+    """Whether the legacy feed gives every tower the whole batch (one batch fed to all towers), read
+    from its feed of a batch of towers x rows_per_tower rows, or of rows_per_tower rows where it
+    takes no other."""
+    for rows in (pair.rows_per_tower * towers, pair.rows_per_tower):
+        try:
+            feed = legacy.lg.feed(pair.data.batch(rows, 0), True)
+        except NotFed:
+            continue
+        return towers > 1 and all(len(r) == rows for r in feed.rows)
+    return False
 
 
 def randomise_moving_statistics(legacy: LegacyRun, seed: int) -> None:

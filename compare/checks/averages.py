@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from compare import causes, diagnosis, tf1_graph
+from compare.interface import undeclared
 from compare.report import Diagnosis, Result, TensorError, Tolerance, judge, not_applicable, tensor_error
 from compare.sides import Sides, State
 from compare.state import Arrays
@@ -115,9 +116,14 @@ def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = Non
     """See the module docstring; from `start` (a state past the warm-up) every step is past it."""
     name = f"{sides.label}moving averages{suffix}"
     legacy, modern = sides.legacy, sides.modern
-    if "moving_averages" not in sides.pair.capabilities or not legacy.shadows or not modern.shadows:
-        return [not_applicable(name, sides.pair.name, "the adapter declares no moving averages "
-                                                      "(capability 'moving_averages')")]
+    if "moving_averages" not in sides.pair.capabilities:
+        return [not_applicable(name, sides.pair.name, undeclared(sides.pair, "moving averages", "moving_averages"))]
+    if not legacy.shadows:
+        return [not_applicable(name, sides.pair.name, "the legacy program keeps no moving averages of its variables")]
+    if not modern.shadows:
+        return [judge(name, sides.pair.name, [], "exact", ok=False,
+                      note=f"the legacy program keeps moving averages of {len(legacy.shadows)} variables "
+                           f"({', '.join(sorted(legacy.shadows)[:3])}, ...); none were found in the port")]
     d, ordered = decay_function(sides)
     late = past_warm_up(d)
     tol = sides.tol.optimizer

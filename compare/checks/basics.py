@@ -13,7 +13,7 @@ from compare import causes, diagnosis, tf1_graph
 from compare import optimizers
 from compare.report import EPS32, judge, not_applicable, tensor_error
 from compare.report import Diagnosis, Result, TensorError
-from compare.interface import LegacyPipeline
+from compare.interface import LegacyPipeline, undeclared
 from compare.legacy_run import LegacyRun, harness_config
 from compare.sides import Sides
 from compare.sides import row_key
@@ -45,7 +45,7 @@ def check_config(sides: Sides) -> Result:
     for argv in [()] + [tuple(a) for a in pair.flag_values]:
         la = pair.legacy.parse_args([pair.legacy.tower_flag, "3", *argv])
         ma = pair.modern.parse_args([pair.modern.replica_flag, "3", *argv])
-        for key in sorted((set(vars(la)) & set(vars(ma))) - skip):
+        for key in sorted(k for k in (set(vars(la)) & set(vars(ma))) - skip if not k.startswith("_")):
             compared.add(key)
             if getattr(la, key) != getattr(ma, key):
                 differ.append(f"{key}: legacy {getattr(la, key)!r} vs modern {getattr(ma, key)!r}"
@@ -192,8 +192,8 @@ def check_checkpoint_round_trip(sides: Sides) -> Result:
     name = f"{sides.label}checkpoint round trip"
     build = sides.modern.build
     if "checkpoint_converter" not in sides.pair.capabilities or build.load_tf1 is None or build.save_tf1 is None:
-        return not_applicable(name, sides.pair.name, "the adapter declares no checkpoint converter "
-                                                     "(capability 'checkpoint_converter')")
+        return not_applicable(name, sides.pair.name,
+                              undeclared(sides.pair, "a checkpoint converter", "checkpoint_converter"))
     build.load_tf1(sides.start_path)
     back = build.save_tf1(os.path.join(sides.tmp_dir, f"{sides.pair.name}_back.ckpt"))
     src, dst = tf.train.load_checkpoint(sides.start_path), tf.train.load_checkpoint(back)
@@ -369,9 +369,12 @@ def check_pipelines(sides: Sides) -> Result:
     multiset of rows, each row weighted as the step weighs it; and the validation pipelines."""
     name = f"{sides.label}input pipelines"
     lp, build = sides.legacy.lg.pipeline, sides.modern.build
-    if "pipelines" not in sides.pair.capabilities or lp is None or build.dataset is None:
-        return not_applicable(name, sides.pair.name, "the adapter declares no input pipelines "
-                                                     "(capability 'pipelines')")
+    if "pipelines" not in sides.pair.capabilities:
+        return not_applicable(name, sides.pair.name, undeclared(sides.pair, "input pipelines", "pipelines"))
+    if lp is None or build.dataset is None:
+        return not_applicable(name, sides.pair.name, "no pipeline of the legacy program's own to read (its towers "
+                                                     "are fed)" if lp is None else "the port gives its step no "
+                                                     "dataset of its own")
     each = sides.towers if sides.pairing.same_rows_on_every_tower else 1
     errors, problems, sizes = [], [], {}
     splits = [("train", lp.train, lp.initializer, build.dataset)]

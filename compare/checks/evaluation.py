@@ -11,7 +11,7 @@ from compare import tf1_graph
 from compare.report import judge, not_applicable, tensor_error
 from compare.report import Result
 from compare.report import TensorError
-from compare.interface import optional
+from compare.interface import optional, undeclared
 from compare.sides import Sides
 
 
@@ -26,7 +26,7 @@ def check_evaluation(sides: Sides, train_steps: int = 3) -> Result:
     legacy, build = sides.legacy, sides.modern.build
     evaluate = optional(sides.pair.legacy, "evaluate")
     if "evaluation" not in sides.pair.capabilities or build.evaluate is None or evaluate is None:
-        return not_applicable(name, sides.pair.name, "the adapter declares no evaluation (capability 'evaluation')")
+        return not_applicable(name, sides.pair.name, undeclared(sides.pair, "evaluation", "evaluation"))
     legacy.restore(sides.start)
     for k in range(train_steps):
         legacy.step(sides.batch(seed=400 + k))

@@ -385,7 +385,8 @@ def check_flags(sides: Sides) -> Result:
     parse_m = lambda argv: parse_quietly(pair.modern.parse_args, argv)  # noqa: E731
     skip = set(pair.own_flags) | set(pair.loop_flags) | tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag) \
         | tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
-    shared = sorted((set(vars(parse_l(base_l))) & set(vars(parse_m(base_m)))) - skip)
+    shared = sorted(k for k in (set(vars(parse_l(base_l))) & set(vars(parse_m(base_m)))) - skip
+                    if not k.startswith("_"))  # a captured program's own argv (`_argv`) is no flag
     if not shared:
         return not_applicable(name, pair.name, "the programs share no flag besides the tower count and those "
                                                "the adapter lists as loop-only or each program's own")

@@ -20,7 +20,7 @@ from typing import Callable
 
 from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure, tf1,
                             trained)
-from compare.interface import GROUPS, NotFed
+from compare.interface import GROUPS, NotFed, undeclared
 from compare.report import Result, error_result, not_applicable
 from compare.settings import Settings
 from compare.sides import Sides
@@ -74,7 +74,7 @@ def tf1_runtime(ctx: Context) -> list[Result]:
     """The legacy graph on TF1's runtime, where the adapter declares it can be built there."""
     if "tf1_runtime" not in ctx.sides.pair.capabilities:
         return [not_applicable(f"{ctx.sides.label}legacy on TF1's runtime", ctx.sides.pair.name,
-                               "the adapter declares no capability 'tf1_runtime'")]
+                               undeclared(ctx.sides.pair, "a build on TF1's runtime", "tf1_runtime"))]
     ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}the legacy graph on TF1's runtime, in its own process")
     return tf1.check_tf1_runtime(ctx.sides, ctx.settings)
 

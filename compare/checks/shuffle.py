@@ -33,7 +33,7 @@ import tensorflow as tf
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off
 from compare.report import TensorError, Tolerance, judge, not_applicable
 from compare.interface import DataFiles
-from compare.interface import optional
+from compare.interface import optional, undeclared
 from compare.report import Result
 from compare.sides import Sides, row_key
 
@@ -125,7 +125,7 @@ def check_shuffle(sides: Sides) -> Result:
     write_rows = optional(pair.data, "write_rows")
     if ("shuffle" not in pair.capabilities or optional(pair.legacy, "input_pipeline") is None
             or optional(pair.modern, "input_pipeline") is None or write_rows is None):
-        return not_applicable(name, pair.name, "the adapter declares no shuffled pipelines (capability 'shuffle')")
+        return not_applicable(name, pair.name, undeclared(pair, "shuffled pipelines", "shuffle"))
     rows = pair.shuffle_rows
     files = dict(write_rows(os.path.join(sides.tmp_dir, f"{pair.name}_shuffle"), rows, sides.seed))
     argv = (*pair.harness_argv(sides.towers), *pair.shuffle_argv)

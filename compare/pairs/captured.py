@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from compare.capture import CAPTURE_SECONDS, CaptureError, CapturedLegacy, parse_flags, quiet_tensorflow
 from compare.checks.basics import legacy_batches
-from compare.interface import Batch, DataFiles, LegacyGraph, Pair
+from compare.interface import Batch, DataFiles, LegacyGraph, Pair, Pairing
 from compare.port_capture import CapturedPort, port_environment
 
 tf1 = tf.compat.v1
@@ -160,10 +160,12 @@ def read_rows(side: CapturedLegacy) -> tuple[np.ndarray, np.ndarray]:
 
 def program_pair(legacy_program: str, modern_program: str, argv: Sequence[str] = (),
                  tower_flag_name: Optional[str] = None, replica_flag_name: Optional[str] = None,
-                 loop: Sequence[str] = (), seconds: float = CAPTURE_SECONDS, log: Any = lambda _: None) -> Pair:
-    """The Pair of two program files, judged with `argv` given to both (see the module docstring)."""
-    legacy_flags = parse_flags(legacy_program, argv)
-    modern_flags = parse_flags(modern_program, argv, environment=lambda p: port_environment(p, log))
+                 loop: Sequence[str] = (), seconds: float = CAPTURE_SECONDS, legacy_argv: Sequence[str] = (),
+                 modern_argv: Sequence[str] = (), log: Any = lambda _: None) -> Pair:
+    """The Pair of two program files, judged with `argv` given to both, and `legacy_argv`, `modern_argv`
+    to each alone (see the module docstring)."""
+    legacy_flags = parse_flags(legacy_program, [*argv, *legacy_argv])
+    modern_flags = parse_flags(modern_program, [*argv, *modern_argv], environment=lambda p: port_environment(p, log))
     towers = tower_flag(legacy_flags, tower_flag_name, legacy_program, "--tower_flag")
     replicas = tower_flag(modern_flags, replica_flag_name, modern_program, "--replica_flag")
     legacy = ProgramLegacy(legacy_program, lambda towers, files: [], tower_flag=towers, pipeline_steps=READ_STEPS,
@@ -177,7 +179,9 @@ def program_pair(legacy_program: str, modern_program: str, argv: Sequence[str] =
     loop_flags.update({k.lstrip("-"): "the tower and replica count, which the harness sets"
                        for k in {towers, replicas}})
     pair = Pair(name="programs", legacy=legacy, modern=modern, data=ProgramRows(legacy),
-                capabilities=frozenset({"pipelines"}),
+                capabilities=frozenset({"pipelines", "moving_averages"}),
+                pairings=(Pairing(legacy_argv=tuple(legacy_argv), modern_argv=tuple(modern_argv),
+                                  same_rows_on_every_tower=None),),
                 harness_argv=lambda towers: tuple(argv), own_flags=own, loop_flags=loop_flags,
                 description=f"{legacy_program} vs {modern_program}, both captured as they run")
     legacy.pair = pair
