@@ -365,7 +365,7 @@ def undeclared(pair: Pair, what: str, capability: str) -> str:
     """Why a check of an optional capability judges nothing: its adapter does not declare it, or there
     is no adapter (two programs judged alone), which is where it would be declared."""
     if pair.module:
-        return f"the adapter declares no {what} (capability '{capability}')"
+        return f"the adapter declares no {what.removeprefix('a ')} (capability '{capability}')"
     return f"judged with no adapter, which is where {what} would be declared (capability '{capability}')"
 
 

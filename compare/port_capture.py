@@ -25,7 +25,10 @@ built (its slots exist).  `CapturedPort` is the ModernSide that does it.  What i
   * the element: the harness's rows put in the structure of the program's global dataset (a tuple
     or a dict; images, labels as indices or one-hot, row weights), then distributed through the
     program's own `experimental_distribute_dataset` call (its options), or, where the program
-    distributes otherwise, cut in order as `experimental_distribute_dataset` cuts a batch;
+    distributes otherwise, cut in order as `experimental_distribute_dataset` cuts a batch.  Where the
+    step's element did not come from that dataset (the port cuts its rows its own way), a batch that
+    does not divide evenly over the replicas is not given (NotFed: those split checks say NOT
+    APPLICABLE), since how the port would cut it is its own;
   * the loss: the step's return value (a scalar, the first scalar of a tuple, or a dict's "loss"),
     per-replica values summed; under `model.fit` its metrics are reset before each step, so that
     "loss" is that step's.
@@ -59,7 +62,7 @@ import tensorflow as tf
 
 from compare.capture import (CAPTURE_SECONDS, Stop, TimedOut, last_frame, parse_flags, quiet_tensorflow, time_limit,
                              working_directory)
-from compare.interface import Batch, DataFiles, ModernBuild, StepResult
+from compare.interface import Batch, DataFiles, ModernBuild, NotFed, StepResult
 from compare.legacy_run import HarnessError
 
 class PortCaptureError(HarnessError):
@@ -182,6 +185,7 @@ class Taken:
     dataset: Any = None
     options: Any = None
     averages: Any = None  # the first tf.train.ExponentialMovingAverage the program applied, if any
+    from_dataset: bool = False  # the step's element came from the distributed dataset (its cut is the strategy's)
 
 
 class Watch:
@@ -194,6 +198,8 @@ class Watch:
         self.optimizers: list[Any] = []
         self.distributed: Optional[tuple[Any, Any]] = None  # (dataset, options)
         self.averages: Any = None
+        self.yielded: Any = None  # the last element a distributed dataset's iterator gave, eagerly
+        self.from_dataset = False
         self.depth = 0
         self.probing = False
         self.main = threading.main_thread()
@@ -201,7 +207,7 @@ class Watch:
     def patches(self) -> list[Any]:
         import keras
         from keras.src.optimizers.base_optimizer import BaseOptimizer
-        from tensorflow.python.distribute import distribute_lib
+        from tensorflow.python.distribute import distribute_lib, input_lib
         from tensorflow.python.eager.polymorphic_function import polymorphic_function as pf
         from tensorflow.python.training import moving_averages
 
@@ -209,7 +215,12 @@ class Watch:
         distribute_dataset = distribute_lib.StrategyBase.experimental_distribute_dataset
         apply, layer_call = BaseOptimizer.apply, keras.layers.Layer.__call__
         average = moving_averages.ExponentialMovingAverage.apply
+        iterator_next = input_lib.DistributedIteratorBase.__next__
         watch = self
+
+        def next_element(iterator: Any) -> Any:
+            watch.yielded = iterator_next(iterator)
+            return watch.yielded
 
         def average_apply(ema: Any, *args: Any, **kwargs: Any) -> Any:
             if watch.averages is None:
@@ -224,6 +235,11 @@ class Watch:
                 finally:
                     watch.stack.pop()
             watch.probing = True
+            first = args[0] if args else None
+            watch.from_dataset = isinstance(first, input_lib.DistributedIteratorBase) or (
+                watch.yielded is not None and first is not None and len(tf.nest.flatten(first))
+                == len(tf.nest.flatten(watch.yielded)) and all(
+                    a is b for a, b in zip(tf.nest.flatten(first), tf.nest.flatten(watch.yielded))))
             watch.stack.append((function, args, kwargs))
             try:
                 function.get_concrete_function(*args, **kwargs)  # the trace its call would make, nothing run
@@ -266,7 +282,8 @@ class Watch:
                 mock.patch.object(distribute_lib.StrategyBase, "experimental_distribute_dataset", distribute),
                 mock.patch.object(BaseOptimizer, "apply", optimizer_apply),
                 mock.patch.object(keras.layers.Layer, "__call__", model_call),
-                mock.patch.object(moving_averages.ExponentialMovingAverage, "apply", average_apply)]
+                mock.patch.object(moving_averages.ExponentialMovingAverage, "apply", average_apply),
+                mock.patch.object(input_lib.DistributedIteratorBase, "__next__", next_element)]
 
     def taken(self) -> Optional[Taken]:
         if self.run is None:
@@ -274,7 +291,8 @@ class Watch:
         strategy, function, args, kwargs = self.run
         dataset, options = self.distributed or (None, None)
         return Taken(strategy, function, args, kwargs, self.models[0] if self.models else None,
-                     self.optimizers[0] if self.optimizers else None, dataset, options, self.averages)
+                     self.optimizers[0] if self.optimizers else None, dataset, options, self.averages,
+                     self.from_dataset and dataset is not None)
 
 
 def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SECONDS, cwd: Optional[str] = None,
@@ -425,7 +443,13 @@ class CapturedPort:
                 taken.model.reset_metrics()
             return StepResult(step_loss(taken.strategy, step(dist.program, *others, **taken.kwargs), name))
 
+        replicas = taken.strategy.num_replicas_in_sync
+
         def distribute(batch: Batch) -> Element:
+            if not taken.from_dataset and batch.rows % replicas:
+                raise NotFed(f"the port feeds its step rows it distributes its own way (not an element of "
+                             f"experimental_distribute_dataset): how it cuts {batch.rows} rows over {replicas} "
+                             f"replicas is its own; an adapter names its distribute (ModernBuild.distribute)")
             program = tf.nest.pack_sequence_as(spec, [fill(p, batch) for p in parts])
             dist = distributed(taken, program)
             flat = tf.nest.flatten(dist)

@@ -5,7 +5,8 @@ program and its port both run unmodified to their first training step and are ca
     the same statuses as through its adapter, and a mistake planted in a copy of the port's file FAILs
     the same checks as the same mistake planted through the adapter;
   * tf1_programs/fed_towers (placeholders fed from numpy, argparse) against a port trained with
-    model.fit: captured (Keras' own step, the dataset fit was given), judged, a planted mistake FAILs;
+    model.fit (Keras' own step, the dataset fit was given) and one with a custom loop that cuts its
+    rows itself: each captured and judged, a planted mistake in each FAILs;
   * each way a capture cannot be made is one line, exit status 2, before any check.
 """
 import dataclasses
@@ -108,6 +109,41 @@ def test_a_mistake_planted_in_a_model_fit_port_fails(tmp_path, fed_data):
                      dataclasses.replace(SETTINGS, only=("basics", "forward", "training")))
     assert {"forward (inference)", "forward (training, same dropout masks)",
             "gradients (read out of the train step)"} <= set(failed(results))
+
+
+def test_a_custom_loop_port_dividing_by_a_fixed_global_batch_fails_the_short_last_batch(tmp_path, fed_data):
+    """The port's own custom loop (strategy.run in a tf.function, rows it distributes itself) passes; the
+    classic mistake of dividing the loss by the configured global batch, not the step's rows, FAILs
+    exactly the short last batch."""
+    argv = [*fed_data, "--train_dir", str(tmp_path)]
+    correct = judged(FED / "train_tf1.py", FED / "loop_port.py", argv, tmp_path,
+                     dataclasses.replace(SETTINGS, only=("forward", "training", "splits")))
+    assert failed(correct) == []
+    assert {r.check: r.status for r in correct}["split: short last batch"] == "PASS"
+    fixed = planted(tmp_path, FED / "loop_port.py", "global_batch_size=rows)", "global_batch_size=args.batch_size)")
+    results = judged(FED / "train_tf1.py", fixed, argv, tmp_path / "planted",
+                     dataclasses.replace(SETTINGS, only=("forward", "training", "splits")))
+    assert failed(results) == ["split: short last batch"]
+
+
+def test_rows_a_port_cuts_its_own_way_are_given_it_only_in_batches_its_replicas_share_evenly(tmp_path, fed_data):
+    """A port fed from its own experimental_distribute_dataset gets any batch, cut as the strategy cuts
+    it; a port that cuts its rows itself gets only batches that divide evenly (its cut of the others
+    is its own: NotFed, so those split checks say NOT APPLICABLE)."""
+    from compare.interface import Batch, NotFed
+    from compare.port_capture import CapturedPort
+    rng = np.random.RandomState(0)
+    batch = Batch(rng.uniform(-1, 1, (15, 8, 8, 1)).astype(np.float32), rng.randint(0, 10, 15).astype(np.int32))
+    argv = [*fed_data, "--train_dir", str(tmp_path), "--num_gpus", "2"]
+    fit = CapturedPort(str(FED / "fit_port.py"), "--num_gpus")
+    element = fit.build(fit.parse_args(argv), None, {}).distribute(batch)
+    assert [len(x) for x in fit.taken.strategy.experimental_local_results(element[0])] == [8, 7]
+    loop = CapturedPort(str(FED / "loop_port.py"), "--num_gpus")
+    built = loop.build(loop.parse_args(argv), None, {})
+    with pytest.raises(NotFed, match=r"how it cuts 15 rows over 2 replicas is its own"):
+        built.distribute(batch)
+    even = built.distribute(batch.take(slice(0, 14)))
+    assert [len(x) for x in loop.taken.strategy.experimental_local_results(even[0])] == [7, 7]
 
 
 def port(tmp_path, body, name="port.py"):
