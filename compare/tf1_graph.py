@@ -22,6 +22,7 @@ replace any feedable tensor), so the program's own ops run as built.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -100,6 +101,46 @@ def ancestors(tensors: Iterable[Any]) -> set[Any]:
     """Every op that `tensors` depend on, through data and control inputs (If/While count as one op)."""
     return _closure([t.op if hasattr(t, "op") else t for t in tensors],
                     lambda op: [*(i.op for i in op.inputs), *op.control_inputs])
+
+
+# Ops that draw random numbers as an input pipeline uses them (crops, flips, colour jitter), not a
+# shuffle (which the harness turns off) nor a variable's initialiser (no pipeline reaches one).
+RANDOM_OPS = re.compile(r"^(Stateless)?(Random(?!Shuffle)|TruncatedNormal|Multinomial|ParameterizedTruncatedNormal)")
+
+
+def called_functions(node_defs: Iterable[Any]) -> set[str]:
+    """The names of the functions the nodes' attributes name (a dataset op's map function, say)."""
+    names: set[str] = set()
+    for node in node_defs:
+        for value in node.attr.values():
+            if value.HasField("func"):
+                names.add(value.func.name)
+            names.update(f.name for f in value.list.func)
+    return names
+
+
+def random_draws(graph_def: Any, nodes: Optional[Iterable[Any]] = None) -> list[str]:
+    """The random op types in `nodes` (default: the GraphDef's) and in the functions of its library they
+    call, transitively (a tf.data pipeline's map functions)."""
+    nodes = list(graph_def.node if nodes is None else nodes)
+    library = {f.signature.name: f for f in graph_def.library.function}
+    todo, seen = called_functions(nodes), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in library:
+            continue
+        seen.add(name)
+        nodes += list(library[name].node_def)
+        todo |= called_functions(library[name].node_def)
+    return sorted({n.op for n in nodes if RANDOM_OPS.match(n.op)})
+
+
+def pipeline_random_draws(graph: Any, sources: Iterable[Any]) -> list[str]:
+    """The random op types a TF1 input pipeline runs: upstream of its `sources` and of every queue
+    runner's enqueue ops, and in the functions those ops call (a tf.data pipeline's)."""
+    enqueues = [op for runner in graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) for op in runner.enqueue_ops]
+    ops = ancestors([*sources, *enqueues])
+    return random_draws(graph.as_graph_def(), [op.node_def for op in ops])
 
 
 def descendants(ops: Iterable[Any]) -> set[Any]:

@@ -375,6 +375,14 @@ def check_pipelines(sides: Sides) -> Result:
         return not_applicable(name, sides.pair.name, "no pipeline of the legacy program's own to read (its towers "
                                                      "are fed)" if lp is None else "the port gives its step no "
                                                      "dataset of its own")
+    random = {"legacy": tf1_graph.pipeline_random_draws(sides.legacy.graph, [t for pair in lp.train for t in pair]),
+              "port": dataset_random_draws(build.dataset())}
+    if any(random.values()):
+        drawn = "; ".join(f"the {side}'s input pipeline draws random numbers ({', '.join(ops)})"
+                          for side, ops in random.items() if ops)
+        return not_applicable(name, sides.pair.name, f"{drawn}: augmentation the harness cannot turn off, so its rows "
+                                                     f"are not the file's (the steps are judged on rows the legacy "
+                                                     f"pipeline gave)")
     each = sides.towers if sides.pairing.same_rows_on_every_tower else 1
     errors, problems, sizes = [], [], {}
     splits = [("train", lp.train, lp.initializer, build.dataset)]
@@ -398,6 +406,12 @@ def check_pipelines(sides: Sides) -> Result:
                  note="; ".join(problems) or ", ".join(f"{s}: {runs(v)}" for s, v in sizes.items())
                  + "; shuffling off (the file order)" + ("; the legacy queue runners started and stopped by the harness"
                                                         if lp.queue_runners else ""))
+
+
+def dataset_random_draws(dataset: Any) -> list[str]:
+    """The random op types a tf.data pipeline runs (in its serialized graph and functions)."""
+    graph_def = tf1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    return tf1_graph.random_draws(graph_def)
 
 
 def runs(sizes: Sequence[int]) -> str:
