@@ -123,20 +123,17 @@ class PortEnvironment:
 
     def forget_run(self) -> None:
         """Drop the last run's local modules and the absl flags they (or the program) defined."""
-        from absl import flags as absl_flags
-        owners = {str(self.program), *self.loaded}
-        for name in list(absl_flags.FLAGS):
-            if name in absl_flags.FLAGS and absl_flags.FLAGS.find_module_defining_flag(name) in owners:
-                delattr(absl_flags.FLAGS, name)
-        for name in self.loaded:
-            sys.modules.pop(name, None)
+        from legacy.run_tf1.environment import forget_run
+        forget_run(self.program, self.loaded)
 
     @contextlib.contextmanager
     def devices_kept(self) -> Iterator[None]:
         """The program's device configuration, where TensorFlow has started already, left as the
         harness made it (said once) instead of raising."""
-        originals = {name: getattr(tf.config, name) for name in ("set_logical_device_configuration",
-                                                                  "set_visible_devices")}
+        originals = [(owner, name, getattr(owner, name)) for owner, names in (
+            (tf.config, ("set_logical_device_configuration", "set_visible_devices")),
+            (tf.config.experimental, ("set_virtual_device_configuration", "set_visible_devices", "set_memory_growth")))
+            for name in names if hasattr(owner, name)]
 
         def kept(original: Callable[..., Any]) -> Callable[..., Any]:
             def configure(*args: Any, **kwargs: Any) -> Any:
@@ -152,8 +149,8 @@ class PortEnvironment:
             return configure
 
         with contextlib.ExitStack() as stack:
-            for name, original in originals.items():
-                stack.enter_context(mock.patch.object(tf.config, name, kept(original)))
+            for owner, name, original in originals:
+                stack.enter_context(mock.patch.object(owner, name, kept(original)))
             yield
 
 
@@ -243,6 +240,10 @@ class Watch:
             watch.stack.append((function, args, kwargs))
             try:
                 function.get_concrete_function(*args, **kwargs)  # the trace its call would make, nothing run
+            except Exception:
+                if watch.run is not None:
+                    raise
+                return call(function, *args, **kwargs)  # no step here: the program's own call, as it would run
             finally:
                 watch.stack.pop()
                 watch.probing = False
@@ -290,7 +291,11 @@ class Watch:
             return None
         strategy, function, args, kwargs = self.run
         dataset, options = self.distributed or (None, None)
-        return Taken(strategy, function, args, kwargs, self.models[0] if self.models else None,
+        optimizer = self.optimizers[0] if self.optimizers else None
+        trained = {id(v) for v in getattr(optimizer, "_trainable_variables", [])}
+        # The model the optimizer trains: of the models the step called, the one most of whose weights it updates.
+        models = sorted(self.models, key=lambda m: -len(trained & {id(v) for v in m.trainable_variables}))
+        return Taken(strategy, function, args, kwargs, models[0] if models else None,
                      self.optimizers[0] if self.optimizers else None, dataset, options, self.averages,
                      self.from_dataset and dataset is not None)
 
@@ -343,15 +348,18 @@ class Part:
     spec: Any
 
 
-def parts_of(spec: Any, where: str) -> list[Part]:
-    """The roles of the flattened element spec: the images (the float part of rank >= 2), the labels
-    (an integer part of rank 1, or a float part of rank 2 beside the images: one-hot), the row
+def parts_of(spec: Any, where: str, classes: Optional[int] = None) -> list[Part]:
+    """The roles of the flattened element spec: the images (the float part of rank >= 2, the highest),
+    the labels (an integer part of rank 1, or a float part of rank 2 beside the images: one-hot; of
+    `classes` columns, the model's outputs, where a rank-2 image part could be either), the row
     weights (a float part of rank 1).  PortCaptureError for anything else."""
     flat = tf.nest.flatten(spec)
     ranks = [s.shape.rank for s in flat]
     floats = [s.dtype.is_floating for s in flat]
     images = [i for i, s in enumerate(flat) if floats[i] and (ranks[i] or 0) >= 2
               and (ranks[i] or 0) == max(r or 0 for r in ranks)]
+    if len(images) == 2 and ranks[images[0]] == 2 and classes is not None:
+        images = [i for i in images if flat[i].shape[-1] != classes] or images
     if len(images) != 1:
         raise PortCaptureError(f"{where}: {len(images)} parts of its element look like images (float, the highest "
                                f"rank): the harness cannot tell which rows to put where; element {spec}")
@@ -370,6 +378,15 @@ def parts_of(spec: Any, where: str) -> list[Part]:
     if sum(p.role in ("y", "onehot") for p in out) != 1:
         raise PortCaptureError(f"{where}: its element has no single labels part: {spec}")
     return out
+
+
+def output_units(model: Any) -> Optional[int]:
+    """The last dimension of a Keras model's (first) output, where the model knows it."""
+    try:
+        units = model.outputs[0].shape[-1]
+    except Exception:  # a subclassed model has no symbolic outputs
+        return None
+    return None if units is None else int(units)
 
 
 def fill(part: Part, batch: Batch) -> np.ndarray:
@@ -434,7 +451,7 @@ class CapturedPort:
         name = f"the port's step {taken.function.name}"
         element, others = self.element_argument(taken, name)
         spec = taken.dataset.element_spec if taken.dataset is not None else global_spec(element)
-        parts = parts_of(spec, name)
+        parts = parts_of(spec, name, output_units(taken.model))
         step = taken.function._clone(python_function=None)
         fit = getattr(taken.model, "train_function", None) is not None
 

@@ -169,6 +169,20 @@ def test_rows_a_port_cuts_its_own_way_are_given_it_only_in_batches_its_replicas_
     assert [len(x) for x in loop.taken.strategy.experimental_local_results(even[0])] == [7, 7]
 
 
+def test_the_parts_of_a_ports_element_are_told_apart_by_dtype_rank_and_the_models_outputs():
+    import tensorflow as tf
+    from compare.port_capture import parts_of
+    spec = {"image": tf.TensorSpec([None, 32, 32, 3], tf.float32), "label": tf.TensorSpec([None], tf.int64)}
+    assert [p.role for p in parts_of(spec, "step")] == ["x", "y"]
+    flat_onehot = (tf.TensorSpec([None, 784], tf.float32), tf.TensorSpec([None, 10], tf.float32),
+                   tf.TensorSpec([None], tf.float32))
+    assert [p.role for p in parts_of(flat_onehot, "step", classes=10)] == ["x", "onehot", "weights"]
+    with pytest.raises(PortCaptureError, match=r"2 parts of its element look like images"):
+        parts_of(flat_onehot, "step")
+    with pytest.raises(PortCaptureError, match=r"neither images, labels nor row weights"):
+        parts_of((spec["image"], spec["label"], tf.TensorSpec([None, 4, 4], tf.int32)), "step")
+
+
 def port(tmp_path, body, name="port.py"):
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))

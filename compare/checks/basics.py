@@ -278,14 +278,23 @@ def legacy_session(legacy: LegacyRun, pipeline: LegacyPipeline) -> Iterator[Any]
     if not pipeline.queue_runners:
         yield legacy.sess
         return
-    with legacy.graph.as_default():
+    config = harness_config(legacy.pair.legacy.session_config(legacy.flags, legacy.towers))
+    with started_pipeline(legacy.graph, config) as sess:
+        yield sess
+
+
+@contextlib.contextmanager
+def started_pipeline(graph: Any, config: Any, initializers: Sequence[Any] = ()) -> Iterator[Any]:
+    """A session of its own on `graph`: its local variables and `initializers` run, its queue runners
+    started (stopped, their queues closed, after)."""
+    with graph.as_default():
         init = tf1.local_variables_initializer()
-    sess = tf1.Session(graph=legacy.graph, config=harness_config(legacy.pair.legacy.session_config(
-        legacy.flags, legacy.towers)))
+    sess = tf1.Session(graph=graph, config=config)
     coord = tf1.train.Coordinator()
+    threads: list[Any] = []
     try:
-        sess.run(init)
-        with legacy.graph.as_default():
+        sess.run([init, *initializers])
+        with graph.as_default():
             threads = tf1.train.start_queue_runners(sess=sess, coord=coord)
         yield sess
     finally:

@@ -21,15 +21,14 @@ them, and the flags named with `--loop`, as loop flags.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from compare.capture import CAPTURE_SECONDS, CaptureError, CapturedLegacy, parse_flags, quiet_tensorflow
-from compare.checks.basics import legacy_batches
+from compare.checks.basics import legacy_batches, started_pipeline
 from compare.interface import Batch, DataFiles, LegacyGraph, Pair, Pairing
 from compare.port_capture import CapturedPort, port_environment
 
@@ -91,28 +90,6 @@ def fed_value(feed: Any, tensor: Any) -> Optional[np.ndarray]:
     return None
 
 
-@contextlib.contextmanager
-def reading_session(graph: Any, config: Any) -> Iterator[Any]:
-    """A session of the harness's own on the captured graph with its input pipeline started: local
-    variables and tables initialised, every iterator made, queue runners started (stopped after)."""
-    with graph.as_default():
-        inits = [tf1.local_variables_initializer(), tf1.tables_initializer()]
-        makes = [op for op in graph.get_operations() if op.type == "MakeIterator"]
-    sess = tf1.Session(graph=graph, config=config)
-    coord = tf1.train.Coordinator()
-    threads: list[Any] = []
-    try:
-        sess.run(inits + makes)
-        with graph.as_default():
-            threads = tf1.train.start_queue_runners(sess=sess, coord=coord)
-        yield sess
-    finally:
-        coord.request_stop()
-        with contextlib.suppress(Exception):
-            coord.join(threads, stop_grace_period_secs=10)
-        sess.close()
-
-
 class ProgramRows:
     """The pair's DataSpec: no files of the harness's (the programs read the data their arguments
     name); rows from the TF1 program's own input pipeline, read once."""
@@ -151,7 +128,10 @@ def read_rows(side: CapturedLegacy) -> tuple[np.ndarray, np.ndarray]:
     fed = [(fed_value(side.captured.feed, x), fed_value(side.captured.feed, y)) for x, y in sources]
     if all(x is not None and y is not None for x, y in fed):
         return np.concatenate([x for x, _ in fed]), np.concatenate([y for _, y in fed])
-    with quiet_tensorflow(), reading_session(side.captured.graph, side.captured.config) as sess:
+    graph = side.captured.graph
+    with graph.as_default():
+        initializers = [tf1.tables_initializer(), *(op for op in graph.get_operations() if op.type == "MakeIterator")]
+    with quiet_tensorflow(), started_pipeline(graph, side.captured.config, initializers) as sess:
         got = legacy_batches(sess, sources, (), 1, steps=READ_STEPS, rows=READ_ROWS)
     if not got:
         raise CaptureError("the TF1 program's input pipeline gave no rows in a session of the harness's")

@@ -249,13 +249,7 @@ class TF1Environment:
             sys.argv, sys.path[:], sys.modules["__main__"], sys.dont_write_bytecode = saved
 
     def _forget_run(self) -> None:
-        """Drop the last run's local modules from sys.modules and the flags they defined."""
-        owners = {str(self.program), *self.loaded}
-        for name in list(absl_flags.FLAGS):
-            if name in absl_flags.FLAGS and absl_flags.FLAGS.find_module_defining_flag(name) in owners:
-                delattr(absl_flags.FLAGS, name)
-        for name in self.loaded:
-            sys.modules.pop(name, None)
+        forget_run(self.program, self.loaded)
 
     def _close_sessions(self) -> None:
         """Close the sessions the program left open, after ending their queue-runner threads: each
@@ -294,6 +288,17 @@ class TF1Environment:
         if len(frames) > len(imports):
             return f"running {frames[len(imports)].f_code.co_name}"
         return f"importing {name}" if name else "running the program's top level"
+
+
+def forget_run(program: Union[str, os.PathLike], loaded: Sequence[str]) -> None:
+    """Drop a run's local modules (`loaded`) from sys.modules and the absl flags they or the program
+    defined, so that the next run imports and defines them afresh."""
+    owners = {str(program), *loaded}
+    for name in list(absl_flags.FLAGS):
+        if name in absl_flags.FLAGS and absl_flags.FLAGS.find_module_defining_flag(name) in owners:
+            delattr(absl_flags.FLAGS, name)
+    for name in loaded:
+        sys.modules.pop(name, None)
 
 
 def hidden_frame(filename: str) -> bool:
