@@ -86,7 +86,8 @@ class PortEnvironment:
 
     def __init__(self, program: Path, log: Callable[[str], None]) -> None:
         self.program, self.folder, self.log = program, program.parent, log
-        self.loaded: list[str] = []
+        self._loaded: list[str] = []
+        self._before: Optional[set[str]] = None  # sys.modules when the run now going on began
         self.failure: Optional[PortFailure] = None
         self.kept_devices = False
 
@@ -94,7 +95,7 @@ class PortEnvironment:
         """Run the port with `sys.argv = [program, *argv]`; its exit status (1 when it raised)."""
         self.forget_run()
         self.failure = None
-        before = set(sys.modules)
+        self._before = set(sys.modules)
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=str(self.program), __cached__=None, __builtins__=__builtins__)
         saved = sys.argv, sys.path[:], sys.modules["__main__"]
@@ -111,8 +112,15 @@ class PortEnvironment:
             return 1
         finally:
             sys.argv, sys.path[:], sys.modules["__main__"] = saved
-            self.loaded = [name for name in set(sys.modules) - before if self.local(sys.modules.get(name))]
+            self._loaded, self._before = self.loaded, None
         return 0
+
+    @property
+    def loaded(self) -> list[str]:
+        """The modules of the program's folder its run (the one going on, or the last) imported."""
+        if self._before is None:
+            return self._loaded
+        return [name for name in set(sys.modules) - self._before if self.local(sys.modules.get(name))]
 
     def local(self, module: Any) -> bool:
         file = getattr(module, "__file__", None)

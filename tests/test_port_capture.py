@@ -189,6 +189,28 @@ def port(tmp_path, body, name="port.py"):
     return str(path)
 
 
+def test_a_ports_absl_flags_are_read_run_after_run(tmp_path):
+    """absl flags, defined in the port and in a module of its folder: each run defines them afresh."""
+    (tmp_path / "port_flags.py").write_text("from absl import flags\n"
+                                            "flags.DEFINE_float('learning_rate', 0.1, 'rate')\n")
+    path = port(tmp_path, """\
+        from absl import app, flags
+        import port_flags
+
+        flags.DEFINE_integer("num_gpus", 1, "replicas")
+
+        def main(argv):
+            raise SystemExit(0)
+
+        app.run(main)
+        """)
+    from compare.capture import parse_flags
+    from compare.port_capture import port_environment
+    for replicas in (3, 4):
+        flags = parse_flags(path, ["--num_gpus", str(replicas), "--learning_rate", "0.5"], environment=port_environment)
+        assert (flags.num_gpus, flags.learning_rate) == (replicas, 0.5)
+
+
 def test_a_port_that_raises_before_its_first_step_is_one_line_quoting_its_last_frame(tmp_path):
     path = port(tmp_path, """\
         def main():
