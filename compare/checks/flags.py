@@ -422,8 +422,12 @@ def check_flags(sides: Sides) -> Result:
     if not errors:  # nothing judged is no PASS
         return not_applicable(name, pair.name, f"no shared flag could be judged: no batch of the harness's fits what "
                                                f"they build: {'; '.join(unfed)}")
+    unseen = [e.name.split(" ")[0] for e in errors if "changes nothing" in e.name]
+    hint = (f"; a flag only the training loop reads is named so (an adapter's loop_flags, or --loop on the "
+            f"command line): {', '.join(unseen)}?" if unseen else "")
     return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
                  note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
-                      + (f"; not judged here, each for the adapter's reason: {loop}" if loop else "")
+                      + hint
+                      + (f"; not judged here, each for the pair's reason: {loop}" if loop else "")
                       + (f"; not judged, no batch of the harness's fits what they build: {'; '.join(unfed)}"
                          if unfed else ""))
