@@ -6,6 +6,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -34,8 +35,10 @@ def strategy():
 
 
 def _trainer(strategy, seed=0):
-    """A fresh model, optimizer, moving average and train step (returning the summed gradients)."""
-    tf.random.set_seed(seed)
+    """A fresh model, optimizer, moving average and train step (returning the summed gradients), its
+    weights drawn from `seed` (Keras 3's initialisers draw from keras' own generator, which
+    tf.random.set_seed does not seed: without this, each test's weights depend on what ran before it)."""
+    keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = mnist.build_model(SCALE)
         optimizer = mnist.make_optimizer()
