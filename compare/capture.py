@@ -81,7 +81,7 @@ class CaptureError(HarnessError):
 
 
 class TimedOut(BaseException):
-    """Raised inside the port when its time to reach a training step is up."""
+    """Raised inside a program when its time to reach its first training step is up (`time_limit`)."""
 
 
 class Stop(BaseException):
@@ -156,6 +156,18 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, before)
 
 
+def run_to_stop(env: Any, argv: Sequence[str], seconds: float) -> tuple[Optional[int], bool]:
+    """Run a program in its environment (`env.run_program`) until it ends, is stopped (`Stop`) or its
+    `seconds` are up: (its exit status, None where it did not end; whether its time ran out)."""
+    try:
+        with time_limit(seconds):
+            return env.run_program(list(argv)), False
+    except Stop:
+        return None, False
+    except TimedOut:
+        return None, True
+
+
 def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str] = None,
             log: Callable[[str], None] = print, seconds: float = CAPTURE_SECONDS) -> Captured:
     """Run `program` with `argv` under legacy.run_tf1 until its first training Session.run; its graph
@@ -193,14 +205,7 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         with mock.patch.object(tf_session.BaseSession, "run", session_run), \
                 mock.patch.object(ops.Graph, "__init__", seeded_graph), \
                 mock.patch.object(ops.Graph, "finalize", held_finalize):
-            timed_out = False
-            try:
-                with time_limit(seconds):
-                    status = env.run_program(list(argv))
-            except Stop:
-                status = None
-            except TimedOut:
-                status, timed_out = None, True
+            status, timed_out = run_to_stop(env, argv, seconds)
         env_line[0] = env.device_line
     if not taken:
         if timed_out:

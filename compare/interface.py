@@ -361,6 +361,12 @@ def optional(side: object, method: str) -> Optional[Callable[..., Any]]:
     return found if callable(found) else None
 
 
+def settings(flags: argparse.Namespace) -> dict[str, Any]:
+    """A program's parsed flags by name: its Namespace without the harness's own attributes (a captured
+    program's `_argv`, the command line it is run with)."""
+    return {k: v for k, v in vars(flags).items() if not k.startswith("_")}
+
+
 def undeclared(pair: Pair, what: str, capability: str) -> str:
     """Why a check of an optional capability judges nothing: its adapter does not declare it, or there
     is no adapter (two programs judged alone), which is where it would be declared."""

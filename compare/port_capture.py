@@ -60,7 +60,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-from compare.capture import (CAPTURE_SECONDS, Stop, TimedOut, last_frame, parse_flags, quiet_tensorflow, time_limit,
+from compare.capture import (CAPTURE_SECONDS, Stop, last_frame, parse_flags, quiet_tensorflow, run_to_stop,
                              working_directory)
 from compare.interface import Batch, DataFiles, ModernBuild, NotFed, StepResult
 from compare.legacy_run import HarnessError
@@ -241,10 +241,8 @@ class Watch:
                     watch.stack.pop()
             watch.probing = True
             first = args[0] if args else None
-            watch.from_dataset = isinstance(first, input_lib.DistributedIteratorBase) or (
-                watch.yielded is not None and first is not None and len(tf.nest.flatten(first))
-                == len(tf.nest.flatten(watch.yielded)) and all(
-                    a is b for a, b in zip(tf.nest.flatten(first), tf.nest.flatten(watch.yielded))))
+            watch.from_dataset = isinstance(first, input_lib.DistributedIteratorBase) or same_values(first,
+                                                                                                    watch.yielded)
             watch.stack.append((function, args, kwargs))
             try:
                 function.get_concrete_function(*args, **kwargs)  # the trace its call would make, nothing run
@@ -303,9 +301,17 @@ class Watch:
         trained = {id(v) for v in getattr(optimizer, "_trainable_variables", [])}
         # The model the optimizer trains: of the models the step called, the one most of whose weights it updates.
         models = sorted(self.models, key=lambda m: -len(trained & {id(v) for v in m.trainable_variables}))
-        return Taken(strategy, function, args, kwargs, models[0] if models else None,
-                     self.optimizers[0] if self.optimizers else None, dataset, options, self.averages,
+        return Taken(strategy, function, args, kwargs, models[0] if models else None, optimizer, dataset, options,
+                     self.averages,
                      self.from_dataset and dataset is not None)
+
+
+def same_values(a: Any, b: Any) -> bool:
+    """Whether two nests hold the very same value objects (an element passed on as it was drawn)."""
+    if a is None or b is None:
+        return False
+    flat_a, flat_b = tf.nest.flatten(a), tf.nest.flatten(b)
+    return len(flat_a) == len(flat_b) and all(x is y for x, y in zip(flat_a, flat_b))
 
 
 def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SECONDS, cwd: Optional[str] = None,
@@ -313,19 +319,11 @@ def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SEC
     """Run the port `program` with `argv` until its first training step is about to run; what it built.
     PortCaptureError, one line, if it ends, fails or runs out of time first."""
     watch = Watch()
-    status: Optional[int] = None
-    timed_out = False
     with working_directory(cwd), quiet_tensorflow(), port_environment(program, log) as env:
         with contextlib.ExitStack() as stack:
             for patch in watch.patches():
                 stack.enter_context(patch)
-            try:
-                with time_limit(seconds):
-                    status = env.run_program(list(argv))
-            except Stop:
-                pass
-            except TimedOut:
-                timed_out = True
+            status, timed_out = run_to_stop(env, argv, seconds)
     taken = watch.taken()
     run_as = f"run as {program} {' '.join(argv)}"
     if taken is None:

@@ -13,7 +13,7 @@ from compare import causes, diagnosis, tf1_graph
 from compare import optimizers
 from compare.report import EPS32, judge, not_applicable, tensor_error
 from compare.report import Diagnosis, Result, TensorError
-from compare.interface import LegacyPipeline, undeclared
+from compare.interface import LegacyPipeline, settings, undeclared
 from compare.legacy_run import LegacyRun, harness_config
 from compare.sides import Sides
 from compare.sides import row_key
@@ -25,7 +25,7 @@ Rows = tuple[np.ndarray, np.ndarray, np.ndarray]  # one step's inputs, labels an
 
 def tower_dests(parse_args: Callable[[list[str]], Any], flag: str) -> set[str]:
     """The parsed attributes the tower flag sets (found by parsing two tower counts)."""
-    a, b = vars(parse_args([flag, "3"])), vars(parse_args([flag, "4"]))
+    a, b = settings(parse_args([flag, "3"])), settings(parse_args([flag, "4"]))
     return {k for k in a if a[k] == 3 and b.get(k) == 4}
 
 
@@ -45,7 +45,7 @@ def check_config(sides: Sides) -> Result:
     for argv in [()] + [tuple(a) for a in pair.flag_values]:
         la = pair.legacy.parse_args([pair.legacy.tower_flag, "3", *argv])
         ma = pair.modern.parse_args([pair.modern.replica_flag, "3", *argv])
-        for key in sorted(k for k in (set(vars(la)) & set(vars(ma))) - skip if not k.startswith("_")):
+        for key in sorted((set(settings(la)) & set(settings(ma))) - skip):
             compared.add(key)
             if getattr(la, key) != getattr(ma, key):
                 differ.append(f"{key}: legacy {getattr(la, key)!r} vs modern {getattr(ma, key)!r}"
@@ -384,14 +384,6 @@ def check_pipelines(sides: Sides) -> Result:
         return not_applicable(name, sides.pair.name, "no pipeline of the legacy program's own to read (its towers "
                                                      "are fed)" if lp is None else "the port gives its step no "
                                                      "dataset of its own")
-    random = {"legacy": tf1_graph.pipeline_random_draws(sides.legacy.graph, [t for pair in lp.train for t in pair]),
-              "port": dataset_random_draws(build.dataset())}
-    if any(random.values()):
-        drawn = "; ".join(f"the {side}'s input pipeline draws random numbers ({', '.join(ops)})"
-                          for side, ops in random.items() if ops)
-        return not_applicable(name, sides.pair.name, f"{drawn}: augmentation the harness cannot turn off, so its rows "
-                                                     f"are not the file's (the steps are judged on rows the legacy "
-                                                     f"pipeline gave)")
     each = sides.towers if sides.pairing.same_rows_on_every_tower else 1
     errors, problems, sizes = [], [], {}
     splits = [("train", lp.train, lp.initializer, build.dataset)]
@@ -399,10 +391,19 @@ def check_pipelines(sides: Sides) -> Result:
         splits.append(("valid", lp.valid, lp.valid_initializer, build.valid_dataset))
     for split, pairs, inits, dataset in splits:
         steps = lp.steps if split == "train" else None
-        with legacy_session(sides.legacy, lp) as sess:
-            got_l = legacy_batches(sess, pairs, inits, each if split == "train" else 1, steps)
         with shuffle_off():
             built = dataset()
+        random = {"legacy": tf1_graph.pipeline_random_draws(sides.legacy.graph, [t for pair in pairs for t in pair]),
+                  "port": dataset_random_draws(built)}
+        if any(random.values()):
+            drawn = "; ".join(f"the {side}'s {'input' if split == 'train' else split} pipeline draws random numbers "
+                              f"({', '.join(ops)})"
+                              for side, ops in random.items() if ops)
+            return not_applicable(name, sides.pair.name, f"{drawn}: augmentation the harness cannot turn off, so its "
+                                                         f"rows are not the file's (the steps are judged on rows the "
+                                                         f"legacy pipeline gave)")
+        with legacy_session(sides.legacy, lp) as sess:
+            got_l = legacy_batches(sess, pairs, inits, each if split == "train" else 1, steps)
         got_m = modern_batches(built, steps)
         sizes[split] = [len(b[0]) // (each if split == "train" else 1) for b in got_l]
         if len(got_l) != len(got_m):

@@ -33,7 +33,7 @@ from compare.legacy_run import LegacyRun
 from compare.modern_run import ModernRun
 from compare.report import TensorError, judge, not_applicable
 from compare.checks.basics import Rows
-from compare.interface import Batch, NotFed
+from compare.interface import Batch, NotFed, settings
 from compare.interface import optional
 from compare.report import Result
 from compare.sides import Sides, row_key
@@ -385,8 +385,7 @@ def check_flags(sides: Sides) -> Result:
     parse_m = lambda argv: parse_quietly(pair.modern.parse_args, argv)  # noqa: E731
     skip = set(pair.own_flags) | set(pair.loop_flags) | tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag) \
         | tower_dests(pair.modern.parse_args, pair.modern.replica_flag)
-    shared = sorted(k for k in (set(vars(parse_l(base_l))) & set(vars(parse_m(base_m)))) - skip
-                    if not k.startswith("_"))  # a captured program's own argv (`_argv`) is no flag
+    shared = sorted((set(settings(parse_l(base_l))) & set(settings(parse_m(base_m)))) - skip)
     if not shared:
         return not_applicable(name, pair.name, "the programs share no flag besides the tower count and those "
                                                "the adapter lists as loop-only or each program's own")
@@ -395,6 +394,7 @@ def check_flags(sides: Sides) -> Result:
     again = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
     errors, notes, opened = [], [], list(baseline.values()) + list(again.values())
     unfed: list[str] = []
+    unseen: list[str] = []  # flags that change nothing on a side
     try:
         for flag in shared:
             argv, flags_l = value_for(flag, parse_l, base_l, given)
@@ -414,6 +414,8 @@ def check_flags(sides: Sides) -> Result:
                 for s in trial.values():
                     s.close()
             errors.append(judge_flag(argv, found, disagreements(trial, found, seen_at)))
+            if any(side not in found for side in ("legacy", "modern")):
+                unseen.append(f"--{flag}")
             notes.append(f"{flag} ({seen_at.get('legacy', '-')}/{seen_at.get('modern', '-')})")
     finally:
         for s in opened:
@@ -422,7 +424,6 @@ def check_flags(sides: Sides) -> Result:
     if not errors:  # nothing judged is no PASS
         return not_applicable(name, pair.name, f"no shared flag could be judged: no batch of the harness's fits what "
                                                f"they build: {'; '.join(unfed)}")
-    unseen = [e.name.split(" ")[0] for e in errors if "changes nothing" in e.name]
     hint = (f"; a flag only the training loop reads is named so (an adapter's loop_flags, or --loop on the "
             f"command line): {', '.join(unseen)}?" if unseen else "")
     return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),

@@ -58,10 +58,11 @@ class ProgramLegacy(CapturedLegacy):
     """The TF1 program captured with no file arguments of the harness's; the first build also sets
     the pair's rows per tower to what the program's first step gives a tower."""
     pair: Optional[Pair] = None
+    sized = False  # the pair's rows per tower set, by the first build
 
     def build(self, flags: argparse.Namespace, towers: int, files: DataFiles) -> LegacyGraph:
         built = super().build(flags, towers, files)
-        if self.pair is not None and not getattr(self, "sized", False):
+        if self.pair is not None and not self.sized:
             self.sized = True
             rows = first_tower_rows(self)
             if rows:
