@@ -183,6 +183,22 @@ def test_the_parts_of_a_ports_element_are_told_apart_by_dtype_rank_and_the_model
         parts_of((spec["image"], spec["label"], tf.TensorSpec([None, 4, 4], tf.int32)), "step")
 
 
+def test_the_command_line_fails_a_mistake_planted_in_the_ports_own_file(tmp_path, fed_data):
+    """`compare/run.py --legacy --modern` as a user types it, on a port whose hidden layer lost its relu:
+    exit 1, the forward checks FAIL with the tensor named, no traceback."""
+    port_file = planted(tmp_path, FED / "fit_port.py", 'activation="relu"', 'activation="tanh"')
+    done = subprocess.run([sys.executable, str(ROOT / "compare" / "run.py"), "--legacy", str(FED / "train_tf1.py"),
+                           "--modern", str(port_file), "--quick", "--only", "basics,forward,training", "--",
+                           *fed_data, "--train_dir", str(tmp_path / "train")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-2000:]
+    failing = [line for line in done.stdout.splitlines() if " FAIL " in line]
+    assert any(line.startswith("forward (inference)") and "logits" in line for line in failing), failing
+    assert any(line.startswith("forward (training, same dropout masks)") for line in failing), failing
+    assert not any(line.startswith(("configuration", "variables")) for line in failing), failing
+
+
 def port(tmp_path, body, name="port.py"):
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
