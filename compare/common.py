@@ -5,14 +5,12 @@ The legacy graph runs in the program's own `tf.compat.v1.Session` config, its to
 `MirroredStrategy` over the same number of logical devices (`modern.runtime.configure_devices`).
 Both see `/cpu:0 ... /cpu:N-1` because the logical-device split is set once, first thing.
 """
-from typing import Any, Callable, Iterable, TypeVar
+import contextlib
+from typing import Any, Iterator
 
 import numpy as np
 
 from modern import runtime
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 def setup_devices(num_towers: int) -> list[str]:
@@ -29,10 +27,33 @@ def local(strategy: Any, value: Any) -> list[np.ndarray]:
     return [np.asarray(v) for v in strategy.experimental_local_results(value)]
 
 
-def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """[fn(item) for item in items] on a thread per core: numpy releases the GIL on large arrays,
-    so the per-tensor checks of 23.5M weights run on every core the TF graph build leaves idle."""
-    import concurrent.futures
-    import os
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return list(pool.map(fn, items))
+@contextlib.contextmanager
+def data_autotune_off() -> Iterator[None]:
+    """tf.data's autotuning off for every iterator made in the duration (graph and eager): each
+    dataset an iterator is made of gets `options.autotune.enabled = False`, as TF1's runtime ran.
+
+    On TF 2.21 an autotuned iterator keeps a model thread that sleeps between optimisations, for
+    periods that double up to a minute; making its iterator again (a TF1 initializer run a second
+    time, an eager iterator collected) can wait out that sleep: seconds, and up to a minute, at random
+    points of a run.  Autotuning sets parallelism and buffer sizes only, never which elements come
+    in which order, so nothing the harness compares changes; the programs themselves are unchanged."""
+    from tensorflow.python.data.ops import dataset_ops
+    import tensorflow as tf
+    cls = dataset_ops.DatasetV2
+    original = cls.__dict__["_apply_debug_options"]
+    if getattr(original, "autotune_off", False):  # already in effect (nested)
+        yield
+        return
+    options = tf.data.Options()
+    options.autotune.enabled = False
+
+    def apply(self: Any) -> Any:
+        return dataset_ops._OptionsDataset(original(self), options)
+
+    apply.autotune_off = True  # type: ignore[attr-defined]
+    apply.original = original  # type: ignore[attr-defined]
+    cls._apply_debug_options = apply
+    try:
+        yield
+    finally:
+        cls._apply_debug_options = original

@@ -12,6 +12,7 @@ import functools
 import os
 from typing import Callable, Optional
 
+from compare import common
 from compare import sides as sides_module
 from compare import tolerances
 from compare.checks import basics, registry
@@ -97,8 +98,14 @@ def write_files(pair: Pair, settings: Settings, tmp_dir: str) -> dict[str, str]:
 def judge_pair(pair: Pair, settings: Settings, tmp_dir: str, log: Log = print) -> list[Result]:
     """All checks of `pair` under `settings`; returns the Results."""
     validate(pair)
-    files = write_files(pair, settings, tmp_dir)
-    built = build_pairings(pair, settings, files, tmp_dir, log)
+    with common.data_autotune_off():
+        files = write_files(pair, settings, tmp_dir)
+        built = build_pairings(pair, settings, files, tmp_dir, log)
+        return run_pairings(pair, built, settings, log)
+
+
+def run_pairings(pair: Pair, built: list[tuple[Sides, list[str]]], settings: Settings, log: Log) -> list[Result]:
+    """The checks of every built pairing, closing each at the end."""
     results: list[Result] = []
     try:
         for index, (sides, groups) in enumerate(built):

@@ -15,14 +15,15 @@ and not by a check, so that every layer above reads it the same way:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from compare import common, tf1_graph
+from compare import tf1_graph
 from compare.modern_run import ModernRun
-from compare.report import EPS32, MARGIN, TensorError, share_floors, tensor_error
+from compare.report import EPS32, MARGIN, Sums, TensorError, errors_of, share_floors, tensor_error
 from compare.sides import Sides
 from compare.state import StepOutcome
 
@@ -72,7 +73,7 @@ def grad_errors(legacy: Mapping[str, Any], modern: Mapping[str, Any], names: Opt
     for n, floor in (extra or {}).items():
         if n in floors:
             floors[n] = max(floors[n], floor)
-    return common.parallel_map(lambda n: tensor_error(n, legacy[n], modern[n], floors[n], variable=n), names)
+    return [tensor_error(n, legacy[n], modern[n], floors[n], variable=n) for n in names]
 
 
 def gradient_errors(sides: Sides, legacy: Mapping[str, Any], modern: Mapping[str, Any],
@@ -109,15 +110,14 @@ def rate(outcome: StepOutcome) -> float:
 def change_error(name: str, before: np.ndarray, modern: np.ndarray, legacy: np.ndarray, tol: float,
                  step: Optional[int] = None, variable: Optional[str] = None, slot: Optional[str] = None) -> TensorError:
     """The modern change of a tensor against the legacy change, relative to the legacy change, with a
-    floor of a few roundings of each (both sides store float32); `step`, `variable`, `slot`: what it
-    is of (compare.report.tensor_error)."""
-    b0 = np.asarray(before, np.float64)
-    floor = (np.linalg.norm(np.spacing(np.abs(np.asarray(before, np.float32))))
-             + 2 * np.linalg.norm(np.spacing(np.abs(np.asarray(legacy, np.float32))))
-             + 8 * EPS32 * np.linalg.norm(np.asarray(legacy, np.float64) - b0))
-    return tensor_error(name, np.asarray(modern, np.float64) - b0, np.asarray(legacy, np.float64) - b0, floor / tol,
-                        step=step, variable=variable, slot=slot)
-
+    floor of a few roundings of each (both sides store float32): ||ulp(before)|| + 2 ||ulp(legacy)||
+    + 8 eps32 ||legacy change||; `step`, `variable`, `slot`: what it is of (compare.report.tensor_error)."""
+    modern, legacy = np.asarray(modern), np.asarray(legacy)
+    if modern.shape != legacy.shape:
+        raise ValueError(f"{name}: shapes differ, {modern.shape} vs {legacy.shape}")
+    sums = Sums.over(modern, legacy, offset=before, spacings=True)
+    floor = math.sqrt(sums.spacing2) + 2 * math.sqrt(sums.ref_spacing2) + 8 * EPS32 * math.sqrt(sums.ref2)
+    return errors_of(name, sums, floor / tol, step=step, variable=variable, slot=slot)
 
 
 # ---------------------------------------------------------------------------------------------

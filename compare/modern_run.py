@@ -258,7 +258,7 @@ class ModernRun:
         def one(n: str) -> np.ndarray:
             return optimizers.gradients_from_slots(self.rule, self.with_w(before, n), dict(after_s[n], w=after_w[n]),
                                                    lr)
-        return dict(zip(names, common.parallel_map(one, names)))
+        return {n: one(n) for n in names}
 
     def with_w(self, state: State, n: str) -> Arrays:
         return dict(self.modern_slots(state.slots[n]), w=state.weights[n])

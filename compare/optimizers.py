@@ -38,11 +38,12 @@ the Rule "" and is judged against the other side only.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from compare.report import EPS32, TensorError, tensor_error
+from compare.report import EPS32, Sums, TensorError, errors_of
 
 Arrays = dict[str, np.ndarray]
 
@@ -344,13 +345,10 @@ def variant_errors(label: str, rule: Rule, before: Mapping[str, np.ndarray], aft
     """`update_errors` against one prediction."""
     errors = []
     for key in ["w", *rule.slots]:
-        b0, a1, p1 = (np.asarray(x, np.float64) for x in (before[key], after[key], predicted[key]))
-        change = p1 - b0
-        floor = (np.linalg.norm(np.spacing(np.abs(before[key]).astype(np.float32)))
-                 + 4 * np.linalg.norm(np.spacing(np.abs(p1).astype(np.float32)))
-                 + 8 * EPS32 * np.linalg.norm(change))
+        sums = Sums.over(np.asarray(after[key]), np.asarray(predicted[key]), offset=before[key], spacings=True)
+        floor = math.sqrt(sums.spacing2) + 4 * math.sqrt(sums.ref_spacing2) + 8 * EPS32 * math.sqrt(sums.ref2)
         what = "update" if key == "w" else key
-        errors.append(tensor_error(f"{label} {what}", a1 - b0, change, floor / tolerance))
+        errors.append(errors_of(f"{label} {what}", sums, floor / tolerance))
     return errors
 
 

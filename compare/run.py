@@ -221,6 +221,14 @@ def finish_child(child: Child) -> list[Result]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    from compare import common
+    common.setup_devices(args.towers)  # before any TensorFlow op runs
+    with common.data_autotune_off():  # captures included
+        return judge(args)
+
+
+def judge(args: argparse.Namespace) -> int:
+    """Every pair the arguments name, judged; the table, the profile and the report written; the exit code."""
     start = time.time()
     marks: list[tuple[float, str]] = []  # (seconds since start, progress line) of this process's own lines
 
@@ -230,8 +238,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             marks.append((now, message))
         print(f"[{now:6.1f}s] {message}", flush=True)
 
-    from compare import common
-    common.setup_devices(args.towers)  # before any TensorFlow op runs
     from compare import harness
     from compare.programs import InterfaceError, Programs
     try:

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in its workers
@@ -33,6 +35,17 @@ try:
     configure_devices(2)
 except DeviceSetupError:
     pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_autotune_off():
+    """tf.data's autotuning off in the test processes, as the harness has it
+    (`compare.common.data_autotune_off`): re-making an autotuned iterator can wait out its model
+    thread's sleep, seconds to a minute.  Programs the tests start in processes of their own run as
+    users run them."""
+    from compare import common
+    with common.data_autotune_off():
+        yield
 
 
 def run_program(args, cwd=None, timeout=600):

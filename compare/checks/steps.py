@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from compare import causes, common, diagnosis, modern_run, optimizers, tf1_graph
+from compare import causes, diagnosis, modern_run, optimizers, tf1_graph
 from compare.checks.forward import gradient_judge
 from compare.legacy_run import LegacyRun
 from compare.measures import change_error, gradient_errors, modern_rate_at, rate
@@ -143,7 +143,7 @@ def optimizer_errors(sides: Sides, r: RestartStep, modern: bool = True) -> list[
 
     jobs = ([(legacy_update, n) for n in names] if rule_l.known else []) \
         + ([(modern_update, n) for n in names] if rule_m.known and modern else [])
-    return [e for errors in common.parallel_map(lambda job: job[0](job[1]), jobs) for e in errors]
+    return [e for update, n in jobs for e in update(n)]
 
 
 def counter_errors(sides: Sides, r: RestartStep) -> tuple[list[TensorError], list[TensorError]]:
@@ -332,8 +332,7 @@ def port_on_legacy_gradient(sides: Sides, r: RestartStep) -> list[TensorError]:
         converted = modern.legacy_slots_of(after_s[n])
         jobs += [(f"step {r.step}: {n} {key}", r.before.slots[n][key], converted[key], r.legacy_after.slots[n][key],
                   n, key) for key in sorted(set(converted) & set(r.legacy_after.slots[n]))]
-    return common.parallel_map(lambda job: change_error(*job[:4], tol, step=r.step, variable=job[4], slot=job[5]),
-                               jobs)
+    return [change_error(*job[:4], tol, step=r.step, variable=job[4], slot=job[5]) for job in jobs]
 
 
 def find_pairing(sides: Sides, r: RestartStep, after: dict[str, Arrays]) -> Optional[dict[str, str]]:

@@ -1,0 +1,35 @@
+"""compare.common.data_autotune_off: every iterator made in it reads a dataset with autotuning off,
+nested or not, and nothing after it does.  (The test processes run inside it: conftest.py.)"""
+import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
+
+from compare import common
+
+tf1 = tf.compat.v1
+
+
+def _autotuned(dataset):
+    """Whether an iterator made now of `dataset` would autotune (the options it is made with)."""
+    return dataset._apply_debug_options().options().autotune.enabled is not False  # None: the default, on
+
+
+def test_iterators_made_inside_do_not_autotune_and_outside_do(monkeypatch):
+    dataset = tf.data.Dataset.range(4).map(lambda x: x + 1)
+    assert not _autotuned(dataset), "the test processes run in it"
+    cls = dataset_ops.DatasetV2
+    monkeypatch.setattr(cls, "_apply_debug_options", cls._apply_debug_options.original)  # as outside it
+    assert _autotuned(dataset)
+    with common.data_autotune_off():
+        assert not _autotuned(dataset)
+        with common.data_autotune_off():
+            assert not _autotuned(dataset)
+        assert not _autotuned(dataset), "the inner context leaves the outer one in force"
+        assert list(dataset.as_numpy_iterator()) == [1, 2, 3, 4]
+        graph = tf.Graph()
+        with graph.as_default():
+            iterator = tf1.data.make_initializable_iterator(tf.data.Dataset.range(3))
+        assert "OptionsDataset" in {op.type for op in graph.get_operations()}
+        with tf1.Session(graph=graph) as sess:
+            sess.run(iterator.initializer)
+            assert sess.run(iterator.get_next()) == 0
+    assert _autotuned(dataset)
