@@ -170,7 +170,7 @@ def check_training_steps(sides: Sides, count: int, steps_at: Optional[list[int]]
     steps_at = steps_at or restart_steps(points, count)
     runs: list[RestartStep] = []
     for k, step in enumerate(steps_at):
-        state = (legacy.state() if k else (start or sides.start)).replace(step=step)
+        state = (runs[-1].legacy_after if k else (start or sides.start)).replace(step=step)  # where it left it
         runs.append(run_restart_step(sides, k, step, state))
     side_by_side = check_port_optimizer(sides, runs, suffix)
     kinds = {"learning rate": check_lr(sides, runs, points, suffix),
