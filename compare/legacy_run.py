@@ -11,8 +11,10 @@ its own taps and setters beside the program's ops, and answers the `compare.stat
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, NamedTuple, Optional, Sequence
+import threading
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -44,7 +46,9 @@ class Fed(NamedTuple):
 class LegacyRun:
     """The program's graph (`lg`, the adapter's LegacyGraph) in the program's own session config."""
 
-    def __init__(self, pair: Pair, flags: Any, towers: int, files: DataFiles, seed: int):
+    def __init__(self, pair: Pair, flags: Any, towers: int, files: DataFiles, seed: int, start: bool = True):
+        """The graph, built by the adapter, and its session; with `start`, its variables initialised
+        (else `start()` does it: `started_beside`)."""
         self.pair, self.flags, self.towers = pair, flags, towers
         self.graph = tf1.Graph()
         with self.graph.as_default():
@@ -76,8 +80,17 @@ class LegacyRun:
             self.saver = tf1.train.Saver(var_list={n: self.by_name[n] for n in self.model})
             self.full_saver = tf1.train.Saver()  # every variable, as the programs' own Saver() saves
         self.sess = tf1.Session(graph=self.graph, config=harness_config(pair.legacy.session_config(flags, towers)))
+        self._decays: Optional[dict[str, float]] = None
+        self._tower_grads: Optional[list[list[Any]]] = None
+        self._lr_at: Optional[tf1_graph.StepFunction] = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """The program's initializers run (variables and pipelines); the optimizer's initial slots and
+        rule read."""
         self.sess.run(self.init)
-        for init in (lg.pipeline.initializer if lg.pipeline else ()):
+        for init in (self.lg.pipeline.initializer if self.lg.pipeline else ()):
             self.sess.run(init)
         # The optimizer's slots as the program's initializers set them (TF1's RMSProp starts its mean
         # square at 1, Adagrad its accumulator at 0.1): the common start's.
@@ -87,9 +100,6 @@ class LegacyRun:
             raise HarnessError(f"the legacy graph updates its variables with several rules "
                                f"({', '.join(k or 'one the harness does not know' for k in kinds)})")
         self.rule = optimizers.legacy_rule(next(iter(self.updates.values())), self.sess)
-        self._decays: Optional[dict[str, float]] = None
-        self._tower_grads: Optional[list[list[Any]]] = None
-        self._lr_at: Optional[tf1_graph.StepFunction] = None
 
     def find_shadows(self) -> dict[str, Any]:
         """{trainable variable: its moving-average shadow}, through the program's ExponentialMovingAverage."""
@@ -290,3 +300,26 @@ def check_graph(lg: LegacyGraph, towers: int) -> None:
         problems.append("grads_and_vars is empty or holds a None gradient")
     if problems:
         raise HarnessError("the legacy graph does not fit the interface: " + "; ".join(problems))
+
+
+@contextlib.contextmanager
+def started_beside(legacy: LegacyRun) -> Iterator[None]:
+    """`legacy.start()` in a thread of its own for the duration of the block, and what it raised
+    raised after it: a TF1 session run holds no GIL, so the first run of a large graph (its import into
+    the session, pruning, Grappler) goes on beside the Python work of the block (the modern build)."""
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            legacy.start()
+        except BaseException as error:  # noqa: B036 (re-raised in the caller's thread)
+            failed.append(error)
+
+    thread = threading.Thread(target=start, name="legacy-start", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]

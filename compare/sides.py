@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from compare import common, tf1_graph
 from compare.interface import Batch, DataFiles, NotFed, Pair, Pairing
-from compare.legacy_run import HarnessError, LegacyRun, TowerRows
+from compare.legacy_run import HarnessError, LegacyRun, TowerRows, started_beside
 from compare.modern_run import ModernRun, check_variable_map
 from compare.state import Masks, ReplicaBatch, State, StepOutcome, replica_rows, row_index, row_key
 from compare.report import Tolerances
@@ -133,11 +133,16 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
     legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *common_argv, *pairing.legacy_argv])
     modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(towers), *common_argv, *pairing.modern_argv])
     log(f"{pair.name}: {pairing.label + ': ' if pairing.label else ''}building the legacy graph ({towers} towers)")
-    legacy = LegacyRun(pair, legacy_flags, towers, files, seed)
+    legacy = LegacyRun(pair, legacy_flags, towers, files, seed, start=modern is not None)
     if modern is None:
         strategy = None if getattr(pair.modern, "makes_its_strategy", False) else common.make_strategy(towers)
         log(f"{pair.name}: building the modern model ({towers} replicas)")
-        modern = ModernRun(pair, modern_flags, strategy, files, legacy)
+        try:
+            with started_beside(legacy):  # the legacy initializers run while the modern model is built
+                modern = ModernRun(pair, modern_flags, strategy, files, legacy)
+        except BaseException:
+            legacy.close()
+            raise
         replicas = modern.strategy.num_replicas_in_sync
         if replicas != towers:
             legacy.close()

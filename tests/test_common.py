@@ -1,9 +1,16 @@
-"""compare.common.data_autotune_off: every iterator made in it reads a dataset with autotuning off,
-nested or not, and nothing after it does.  (The test processes run inside it: conftest.py.)"""
+"""What the harness's process sets up around the checks.
+
+compare.common.data_autotune_off: every iterator made in it reads a dataset with autotuning off,
+nested or not, and nothing after it does (the test processes run inside it: conftest.py).
+compare.legacy_run.started_beside: the legacy session's first run in a thread beside the modern build."""
+import threading
+
+import pytest
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
 from compare import common
+from compare.legacy_run import started_beside
 
 tf1 = tf.compat.v1
 
@@ -33,3 +40,27 @@ def test_iterators_made_inside_do_not_autotune_and_outside_do(monkeypatch):
             sess.run(iterator.initializer)
             assert sess.run(iterator.get_next()) == 0
     assert _autotuned(dataset)
+
+
+class _Legacy:
+    """A stand-in LegacyRun: start() records its thread, waits for the block, and may raise."""
+
+    def __init__(self, fails=False):
+        self.fails, self.thread, self.block_ran = fails, None, threading.Event()
+
+    def start(self):
+        self.thread = threading.current_thread().name
+        assert self.block_ran.wait(10), "the block runs while start() does"
+        if self.fails:
+            raise RuntimeError("initializer failed")
+
+
+def test_the_legacy_start_runs_beside_the_block_and_its_error_comes_after_it():
+    legacy = _Legacy()
+    with started_beside(legacy):
+        legacy.block_ran.set()
+    assert legacy.thread == "legacy-start"
+    failing = _Legacy(fails=True)
+    with pytest.raises(RuntimeError, match="initializer failed"):
+        with started_beside(failing):
+            failing.block_ran.set()
