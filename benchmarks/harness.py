@@ -69,7 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[run {k + 1}/{args.repeats}] {folder}: {wall:.1f} s, exit {code}: {line}", flush=True)
             if code in (0, 1):
                 walls[folder].append(wall)
-    print(f"\ncompare/run.py {' '.join(run_argv)}: wall seconds, median of {args.repeats} (each run)")
+    print(f"\ncompare/run.py {' '.join(run_argv) or '(its defaults)'}: wall seconds, median of {args.repeats} "
+          f"(each run)")
     for folder, times in walls.items():
         median = f"{statistics.median(times):7.1f}" if times else "    n/a"
         print(f"  {median}  {folder}  ({', '.join(f'{t:.1f}' for t in times) or 'no run finished'})")
