@@ -41,7 +41,7 @@ def data_autotune_off() -> Iterator[None]:
     import tensorflow as tf
     cls = dataset_ops.DatasetV2
     original = cls.__dict__["_apply_debug_options"]
-    if getattr(original, "autotune_off", False):  # already in effect (nested)
+    if hasattr(original, "original"):  # already in effect (nested)
         yield
         return
     options = tf.data.Options()
@@ -50,8 +50,7 @@ def data_autotune_off() -> Iterator[None]:
     def apply(self: Any) -> Any:
         return dataset_ops._OptionsDataset(original(self), options)
 
-    apply.autotune_off = True  # type: ignore[attr-defined]
-    apply.original = original  # type: ignore[attr-defined]
+    apply.original = original  # type: ignore[attr-defined]  # the patch's mark, and what it wraps
     cls._apply_debug_options = apply
     try:
         yield

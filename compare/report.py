@@ -180,10 +180,9 @@ class Sums:
                 np.abs(y, out=y)
                 sums.diff2 += squares(x)
                 sums.ref2 += squares(y)
-                if x.size:
-                    sums.max_abs = max(sums.max_abs, float(x.max()))
-                    y += TINY
-                    sums.max_rel = max(sums.max_rel, float(np.divide(x, y, out=x).max()))
+                sums.max_abs = max(sums.max_abs, float(x.max()))
+                y += TINY
+                sums.max_rel = max(sums.max_rel, float(np.divide(x, y, out=x).max()))
         return sums
 
 
