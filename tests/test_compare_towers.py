@@ -66,3 +66,51 @@ def test_command_line_at_three_towers_fails_keras_adam_epsilon_in_the_configurat
     assert failed == ["configuration (flags and what they build)"]
     worst = results["configuration (flags and what they build)"]["worst"]
     assert worst["name"] == "optimizer epsilon" and 8 < worst["rel_l2"] < 10
+
+
+PLANTED_ADAM_STEP = '''"""The CIFAR port's fused Adam with its bias correction one step behind (beta^t at
+t = iterations, where TF1's kernel and Keras' Adam take t = iterations + 1), one unit per block."""
+import tensorflow as tf
+
+from modern import cifar_resnet
+
+
+def update_step(self, gradient, variable, learning_rate):
+    dtype = variable.dtype
+    local_step = tf.cast(self.iterations, dtype)  # the mistake: iterations + 1
+    beta_1, beta_2 = tf.constant(self.beta_1, dtype), tf.constant(self.beta_2, dtype)
+    m, v = cifar_resnet.adam_slots(self, variable)
+    return tf.raw_ops.ResourceApplyAdam(
+        var=cifar_resnet.resource_handle(variable), m=cifar_resnet.resource_handle(m),
+        v=cifar_resnet.resource_handle(v), beta1_power=tf.pow(beta_1, local_step),
+        beta2_power=tf.pow(beta_2, local_step), lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2,
+        epsilon=tf.constant(self.epsilon, dtype), grad=tf.cast(gradient, dtype), use_locking=False)
+
+
+cifar_resnet.FusedAdam.update_step = update_step
+
+from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the port planted above)
+'''
+
+
+def test_command_line_fails_an_adam_bias_correction_one_step_behind_in_the_optimizer_checks_only(tmp_path):
+    """A mistake planted in the port's own optimizer (`FusedAdam.update_step`, which its `make_optimizer`
+    builds): the bias correction at t = iterations.  Step 0 divides by 1 - beta^0 = 0; far past it the
+    two corrections agree within round-off, so the 6 restart steps (step 0 among them) are what sees
+    it: exit 1, exactly the two optimizer checks FAIL at step 0's update, the gradients and the rate
+    PASS (the mistake is in the update alone), no traceback."""
+    (tmp_path / "planted_adam_step.py").write_text(PLANTED_ADAM_STEP)
+    report = tmp_path / "parity.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
+    command = [sys.executable, "compare/run.py", "--pair", "planted_adam_step", "--quick", "--steps", "6",
+               "--only", "steps", "--report", str(report)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    failed = sorted(n for n, r in results.items() if r["status"] == "FAIL")
+    assert failed == ["6 training steps: optimizer on each side", "6 training steps: optimizers side by side"]
+    for check in failed:
+        worst = results[check]["worst"]
+        assert worst["step"] == 0 and worst["name"].endswith("update") and worst["rel_l2"] == float("inf"), worst
+    assert results["6 training steps: loss and gradients"]["status"] == "PASS"
+    assert results["lr schedule"]["status"] == "PASS"
