@@ -303,11 +303,15 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
 class TowerInput:
     """Where one tower's rows come from: `x` and `y`, the source's outputs (a queue dequeue, an
     iterator's get_next(), placeholders) the tower's inputs and labels derive from, and which part
-    of them the tower takes: all of them, or part `part` of `parts` equal slices (tf.split)."""
+    of them the tower takes: all of them, part `part` of `parts` equal slices (tf.split), or the
+    rows between `bounds`, the begin and end of a slice of the rows (`x[begin:end]`, bounds that a
+    fed size such as the original's `current_batch_size` sets)."""
     x: Any
     y: Any
     part: int = 0
     parts: int = 1
+    bounds: Optional[tuple[Any, Any]] = None
+    image_bounds: Optional[tuple[Any, Any]] = None  # the same slice's bounds on the images' path
 
 
 @dataclasses.dataclass
@@ -431,22 +435,34 @@ def logits_of(loss: Any) -> Optional[Any]:
     return None
 
 
-def source_of(tensor: Any) -> tuple[Optional[Any], int, int]:
-    """(the source output `tensor` derives from, the split part it takes, the number of parts):
-    walked back through single-input ops and tf.split."""
-    part, parts, seen = 0, 1, 0
+def rows_slice(op: Any) -> bool:
+    """Whether `op` is a slice of rows, `x[begin:end]` (a StridedSlice of the first axis alone, step 1)."""
+    if op.type != "StridedSlice" or any(op.get_attr(m) for m in ("ellipsis_mask", "new_axis_mask",
+                                                                   "shrink_axis_mask")):
+        return False
+    strides = tf.get_static_value(op.inputs[3])
+    return strides is not None and list(np.ravel(strides)) == [1]
+
+
+def source_of(tensor: Any) -> tuple[Optional[Any], int, int, Optional[tuple[Any, Any]]]:
+    """(the source output `tensor` derives from, the split part it takes, the number of parts, the
+    bounds of the slice of rows it takes): walked back through single-input ops, tf.split and a
+    slice of rows."""
+    part, parts, bounds, seen = 0, 1, None, 0
     while tensor is not None and seen < 64:
         op = tensor.op
         if op.type in SOURCES:
-            return tensor, part, parts
+            return tensor, part, parts, bounds
         if op.type in ("Split", "SplitV"):
             part, parts = tensor.value_index, len(op.outputs)
             tensor = op.inputs[1] if op.type == "Split" else op.inputs[0]
+        elif bounds is None and rows_slice(op):
+            bounds, tensor = (op.inputs[1], op.inputs[2]), op.inputs[0]
         else:
             data = [i for i in op.inputs if i.dtype != tf.int32 or op.type in ("OneHot", "Cast", "Identity")]
             tensor = data[0] if data else None
         seen += 1
-    return None, 0, 1
+    return None, 0, 1, None
 
 
 def tower_input(loss: Any) -> Optional[TowerInput]:
@@ -454,17 +470,19 @@ def tower_input(loss: Any) -> Optional[TowerInput]:
     xent = next((op for op in tf1_graph.ancestors([loss]) if op.type in XENT and "gradients" not in op.name), None)
     if xent is None:
         return None
-    y, part, parts = source_of(xent.inputs[1])
+    y, part, parts, bounds = source_of(xent.inputs[1])
     if y is None:
         return None
+    ahead = tf1_graph.ancestors([loss])
     if y.op.type == "Placeholder":
-        images = [op.outputs[0] for op in tf1_graph.ancestors([loss]) if op.type == "Placeholder"
+        images = [op.outputs[0] for op in ahead if op.type == "Placeholder"
                   and op is not y.op and op.outputs[0].shape.rank is not None and op.outputs[0].shape.rank >= 2]
     else:
         images = [t for t in y.op.outputs if t is not y and t.shape.rank is not None and t.shape.rank >= 2]
     if not images:
         return None
-    return TowerInput(images[0], y, part, parts)
+    cut = next((op for op in ahead if rows_slice(op) and op.inputs[0] is images[0]), None) if bounds else None
+    return TowerInput(images[0], y, part, parts, bounds, (cut.inputs[1], cut.inputs[2]) if cut is not None else None)
 
 
 def find(graph: Any, train_op: Any) -> Found:
@@ -529,20 +547,141 @@ class Shadows:
         return self.of.get(variable.op.name)
 
 
-def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float]) -> Callable[[Batch, bool], TowerFeed]:
+# ---------------------------------------------------------------------------------------------
+# What the program's first step fed besides its rows
+
+class Evaluator:
+    """A session of the harness's own on the captured graph, for the few small tensors the feed
+    needs the values of (the bounds of the towers' slices, the dropouts' rates); opened when first
+    asked."""
+
+    def __init__(self, graph: Any, config: Any):
+        self.graph, self.config = graph, config
+        self.sess: Any = None
+
+    def __call__(self, fetches: Any, feed: Mapping[Any, Any]) -> Any:
+        if self.sess is None:
+            self.sess = tf1.Session(graph=self.graph, config=self.config)
+        return self.sess.run(fetches, dict(feed))
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the first training step fed besides the towers' rows, each tensor with its value in
+    training (the step's) and in inference mode; `sizes`, those the bounds of the towers' slices
+    depend on (the original's `current_batch_size`), fed rows // towers; `notes`, how each
+    inference value was found."""
+    training: dict[Any, Any]
+    inference: dict[Any, Any]
+    sizes: list[Any]
+    notes: list[str]
+
+
+def fed_tensors(graph: Any, feed: Any) -> dict[Any, Any]:
+    """A Session.run feed with its keys as tensors (a key may be a tensor, its name or its op's)."""
+    out = {}
+    for key, value in (feed or {}).items() if isinstance(feed, Mapping) else ():
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            element = graph.as_graph_element(key) if isinstance(key, str) else key
+            out[element.outputs[0] if isinstance(element, tf.Operation) else element] = value
+    return out
+
+
+def cond_predicate(tensor: Any) -> int:
+    """How many Switch ops (a v1 tf.cond's, one per tensor it takes in) take `tensor`, or an identity
+    of it, as their predicate."""
+    preds = [tensor, *(op.outputs[0] for op in tensor.consumers() if op.type == "Identity")]
+    return len({op for p in preds for op in p.consumers() if op.type in ("Switch", "RefSwitch")
+                and op.inputs[1] is p})
+
+
+def settings(graph: Any, feed: Mapping[Any, Any], inputs: Sequence[TowerInput], losses: Sequence[Any],
+             evaluate: Callable[[Any, Mapping[Any, Any]], Any]) -> Settings:
+    """The first step's feed besides the rows (`Settings`).  In inference mode a bool that is the
+    predicate of tf.conds and was fed True (an `is_training`: batch norm's branch) is fed False; a
+    float the dropouts' rates depend on (a `keep_prob`) is fed the value, 1 or 0, at which every
+    one of those rates is 0; every other tensor keeps its training value.  A size must have been fed
+    rows // towers (CaptureError otherwise: the harness knows no other rule)."""
+    rows = {t.x for t in inputs} | {t.y for t in inputs}
+    bounding = tf1_graph.ancestors([b for t in inputs if t.bounds for b in t.bounds])
+    training = {t: v for t, v in feed.items() if t not in rows}
+    sizes = [t for t in training if t.op in bounding]
+    for t in sizes:
+        fed, source = np.asarray(training[t]), next(i.x for i in inputs if i.bounds)
+        first = len(feed[source]) if source in feed else None
+        if first is None or fed.shape != () or fed.dtype.kind not in "iu" or int(fed) != first // len(inputs):
+            raise CaptureError(f"the towers' rows are cut by {t.op.name}, fed {fed.tolist()} at the first step "
+                               f"({first} rows on {len(inputs)} towers): the harness feeds a size rows // towers "
+                               f"and knows no other rule: name the feed (names={{'feed': ...}})")
+    inference, notes = dict(training), []
+    rates = [d.rate for d in tf1_graph.dropouts(graph, losses)]
+    for t, v in training.items():
+        value = np.asarray(v)
+        if t in sizes or value.shape != ():
+            continue
+        conds = cond_predicate(t) if value.dtype == bool else 0
+        if conds and bool(value):
+            inference[t] = False
+            notes.append(f"{t.op.name} False (True in training; the predicate of {conds} tf.cond switches)")
+        elif value.dtype.kind == "f":
+            its = [r for r in rates if t.op in tf1_graph.ancestors([r])]
+            off = next((c for c in (1.0, 0.0) if its and not np.any(evaluate(its, {**training, t: c}))), None)
+            if off is not None and off != float(value):
+                inference[t] = off
+                notes.append(f"{t.op.name} {off:g} ({float(value):g} in training; {len(its)} dropouts' rates 0)")
+    return Settings(training, inference, sizes, notes)
+
+
+def slice_bounds(inputs: Sequence[TowerInput], evaluate: Callable[[Any, Mapping[Any, Any]], Any],
+                 feed: Mapping[Any, Any]) -> list[Optional[slice]]:
+    """Each tower's slice of its source's rows, evaluated with `feed` (None: no slice).  The images'
+    slice must be the labels'."""
+    sliced = [t for t in inputs if t.bounds is not None]
+    if not sliced:
+        return [None] * len(inputs)
+    values = iter(evaluate([[*(t.bounds or ()), *(t.image_bounds or ())] for t in sliced], feed))
+    out: list[Optional[slice]] = []
+    for t in inputs:
+        if t.bounds is None:
+            out.append(None)
+            continue
+        begin, end, *image = (int(np.ravel(v)[0]) for v in next(values))
+        if image != [begin, end]:
+            images = f"[{image[0]}:{image[1]}]" if image else "otherwise"
+            raise NotFed(f"a tower slices its labels [{begin}:{end}] and its images {images}: which rows it trains "
+                         f"on is not one slice")
+        out.append(slice(begin, end))
+    return out
+
+
+def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float], fed: Optional[Settings] = None,
+               evaluate: Optional[Callable[[Any, Mapping[Any, Any]], Any]] = None
+               ) -> Callable[[Batch, bool], TowerFeed]:
     """The feed of a captured program: the batch cut in equal parts over the distinct sources (in
-    tower order), each source's outputs fed its part, each tower taking all of its source's rows or
-    its tf.split part of them; `weights`, each tower's weight in what is applied (`tower_weights`).  A
-    source with a static batch size takes exactly that many rows, and rows of the shape its graph
-    fixes (NotFed otherwise: a batch the program never receives)."""
+    tower order), each source's outputs fed its part, each tower taking all of its source's rows,
+    its tf.split part of them, or its slice of them; `weights`, each tower's weight in what is
+    applied (`tower_weights`); `fed`, what the first step fed besides the rows (in training or
+    inference mode), its sizes fed rows // towers.  A source with a static batch size takes exactly
+    that many rows, and rows of the shape its graph fixes (NotFed otherwise: a batch the program
+    never receives)."""
     sources = list(dict.fromkeys(t.x for t in inputs))
+    cuts: dict[tuple[int, bool], list[Optional[slice]]] = {}
 
     def feed(batch: Batch, training: bool) -> TowerFeed:
         if batch.rows % len(sources):
             raise NotFed(f"{len(sources)} input sources take equal parts of a batch: {batch.rows} rows cannot be "
                          f"cut so")
         size = batch.rows // len(sources)
-        feed_dict: dict[Any, Any] = {}
+        feed_dict: dict[Any, Any] = dict((fed.training if training else fed.inference) if fed else {})
+        if fed and fed.sizes:
+            if batch.rows % len(inputs):
+                raise NotFed(f"the towers' rows are cut by {', '.join(t.op.name for t in fed.sizes)}, which the "
+                             f"program fed rows // towers at its first step; what it feeds for {batch.rows} rows, "
+                             f"which its {len(inputs)} towers cannot share evenly, is its own: name the feed in an "
+                             f"adapter (names={{'feed': ...}})")
+            feed_dict.update({t: np.asarray(batch.rows // len(inputs), fed.training[t].dtype
+                                            if hasattr(fed.training[t], "dtype") else np.int32)
+                              for t in fed.sizes})
         parts: dict[Any, np.ndarray] = {}
         for k, x in enumerate(sources):
             static = x.shape[0] if x.shape.rank else None
@@ -557,15 +696,18 @@ def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float]) -> Callab
                     raise NotFed(f"{tensor.name} takes rows of shape {tensor.shape.as_list()[1:]}: the harness's "
                                  f"rows have {list(feed_dict[tensor].shape[1:])} (this program builds its input "
                                  f"otherwise)")
+        key = (batch.rows, training)
+        if key not in cuts:
+            cuts[key] = slice_bounds(inputs, evaluate, feed_dict) if evaluate else [None] * len(inputs)
         rows = []
-        for t in inputs:
+        for t, cut in zip(inputs, cuts[key]):
             take = parts[t.x]
             if t.parts > 1:
                 if len(take) % t.parts:
                     raise NotFed(f"tf.split cuts {len(take)} rows into {t.parts} equal parts: it cannot")
                 share = len(take) // t.parts
                 take = take[t.part * share:(t.part + 1) * share]
-            rows.append(take)
+            rows.append(take[cut] if cut is not None else take)
         return TowerFeed(feed_dict, rows, list(weights))
     return feed
 
@@ -604,6 +746,7 @@ class CapturedLegacy:
         self._config: Any = None
         self.captured: Optional[Captured] = None
         self.inputs: list[TowerInput] = []  # the towers' input rows in the last captured graph
+        self.settings: Optional[Settings] = None  # what its first step fed besides the rows
         if evaluate is not None:
             self.evaluate = evaluate
 
@@ -640,6 +783,11 @@ class CapturedLegacy:
         if weights is None or len(weights) != len(losses):
             raise CaptureError(f"how the graph combines the {len(losses)} towers' gradients is not a sum or a mean "
                                f"of them: name each tower's weight (names={{'tower_weights': ...}})")
+        evaluate = Evaluator(captured.graph, captured.config or self.session_config(flags, towers))
+        fed = settings(captured.graph, fed_tensors(captured.graph, captured.feed), inputs, losses, evaluate)
+        self.settings = fed
+        if fed.notes:
+            self.log(f"inference mode: {'; '.join(fed.notes)}")
         with captured.graph.as_default():  # the combined loss the applied gradients are the gradients of
             loss = named["loss"] if "loss" in named else tf.add_n([w * t for w, t in zip(weights, losses)])
         pipeline = None
@@ -649,7 +797,7 @@ class CapturedLegacy:
         elif self.pipeline_steps and sources and all(x.op.type == "IteratorGetNext" for x, _ in sources):
             makes = [op for op in captured.graph.get_operations() if op.type == "MakeIterator"]
             pipeline = LegacyPipeline(train=sources, initializer=makes, steps=self.pipeline_steps)
-        built = LegacyGraph(feed=found_feed(inputs, weights), tower_logits=logits, tower_losses=losses,
+        built = LegacyGraph(feed=found_feed(inputs, weights, fed, evaluate), tower_logits=logits, tower_losses=losses,
                             loss=loss, grads_and_vars=found.grads_and_vars, train_op=found.train_op,
                             global_step=found.global_step, learning_rate=found.learning_rate,
                             moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)

@@ -134,6 +134,57 @@ def test_a_mistake_planted_in_a_model_fit_port_fails(tmp_path, fed_data):
             "gradients (read out of the train step)"} <= set(failed(results))
 
 
+SEED = [ROOT / "legacy" / "cifar_resnet.py", ROOT / "modern" / "cifar_resnet.py"]
+
+
+def seed_argv(tmp_path):
+    """The seed pair at one unit per block, on the embedded data, writing nothing outside tmp_path."""
+    return ["--batch_size", "8", "--units_per_block", "1", "1", "1", "1", "--model_dir", str(tmp_path / "models"),
+            "--log_dir", str(tmp_path / "logs")]
+
+
+def test_the_seeds_towers_sliced_by_a_fed_size_and_its_inference_feed_are_found(tmp_path):
+    """The original's towers take inputs[i * current_batch_size:(i + 1) * current_batch_size], the size
+    fed rows // towers; its validation feeds is_training False and keep_prob 1.  All of it is read
+    from the graph and the first step's feed."""
+    from compare.capture import CapturedLegacy
+    from compare.interface import Batch, NotFed
+    from compare.pairs.captured import first_tower_rows
+    side = CapturedLegacy(str(SEED[0]), lambda towers, files: seed_argv(tmp_path), "--towers")
+    built = side.build(side.parse_args([]), 2, {})
+    assert [t.op.name for t in side.settings.sizes] == ["current_batch_size"]
+    assert side.settings.notes == ["is_training False (True in training; the predicate of 494 tf.cond switches)",
+                                   "keep_prob 1 (0.6 in training; 2 dropouts' rates 0)"]
+    assert first_tower_rows(side, built) == 4
+    rng = np.random.RandomState(0)
+    batch = Batch(rng.uniform(-1, 1, (8, 32, 32, 3)).astype(np.float32), np.eye(10, dtype=np.int32)[:8])
+    by_name = {}
+    for training in (True, False):
+        fed = built.feed(batch, training)
+        assert [r.tolist() for r in fed.rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        by_name[training] = {t.op.name: v for t, v in fed.feed_dict.items() if np.ndim(v) == 0}
+    assert by_name[True] == {"is_training": True, "keep_prob": 0.6, "current_batch_size": 4}
+    assert by_name[False] == {"is_training": False, "keep_prob": 1.0, "current_batch_size": 4}
+    assert [r.tolist() for r in built.feed(batch.take(slice(0, 6)), True).rows] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(NotFed, match=r"cut by current_batch_size, which the program fed rows // towers"):
+        built.feed(batch.take(slice(0, 7)), True)
+
+
+def test_a_keras_epsilon_planted_in_the_seed_ports_file_fails_what_it_fails_through_the_adapter(tmp_path):
+    """The seed pair with no adapter: the port's make_optimizer at Keras' default epsilon 1e-7 (TF1's
+    Adam: 1e-8) FAILs the configuration and the optimizers side by side, naming the epsilon, as the
+    same mistake does through the seed pair's adapter; every other check of those groups PASSes."""
+    port = planted(tmp_path, SEED[1], "epsilon: float = 1e-8, fused", "epsilon: float = 1e-7, fused")
+    results = judged(SEED[0], port, seed_argv(tmp_path), tmp_path, dataclasses.replace(SETTINGS,
+                                                                                     only=("basics", "steps")))
+    assert failed(results) == ["2 training steps: optimizers side by side",
+                               "configuration (flags and what they build)"]
+    by_check = {r.check: r for r in results}
+    assert by_check["configuration (flags and what they build)"].worst.name == "optimizer epsilon"
+    assert by_check["2 training steps: optimizers side by side"].diagnosis.cause.startswith(
+        "likely cause [epsilon]: the port's update is the original's rule with epsilon 1e-07")
+
+
 def test_a_custom_loop_port_dividing_by_a_fixed_global_batch_fails_the_short_last_batch(tmp_path, fed_data):
     """The port's own custom loop (strategy.run in a tf.function, rows it distributes itself) passes; the
     classic mistake of dividing the loss by the configured global batch, not the step's rows, FAILs

@@ -64,20 +64,25 @@ class ProgramLegacy(CapturedLegacy):
         built = super().build(flags, towers, files)
         if self.pair is not None and not self.sized:
             self.sized = True
-            rows = first_tower_rows(self)
+            rows = first_tower_rows(self, built)
             if rows:
                 self.pair.rows_per_tower = rows
         return built
 
 
-def first_tower_rows(side: CapturedLegacy) -> Optional[int]:
-    """The rows the program's first tower gets a step: its source's static batch size or the first
-    step's feed, over its tf.split parts; None where neither says."""
+def first_tower_rows(side: CapturedLegacy, built: LegacyGraph) -> Optional[int]:
+    """The rows the program's first tower gets a step: what the feed gives it of the rows the first
+    step fed (over its tf.split parts, or its slice of them), or its source's static batch size over
+    its tf.split parts; None where neither says."""
     if not side.inputs or side.captured is None:
         return None
     first = side.inputs[0]
-    fed = fed_value(side.captured.feed, first.x)
-    rows = len(fed) if fed is not None else (first.x.shape[0] if first.x.shape.rank else None)
+    fed_x, fed_y = fed_value(side.captured.feed, first.x), fed_value(side.captured.feed, first.y)
+    if fed_x is not None and fed_y is not None:
+        sources = len(dict.fromkeys(t.x for t in side.inputs))
+        return len(built.feed(Batch(np.concatenate([fed_x] * sources), np.concatenate([fed_y] * sources)),
+                              True).rows[0])
+    rows = first.x.shape[0] if first.x.shape.rank else None
     return int(rows) // first.parts if rows else None
 
 
