@@ -168,6 +168,12 @@ def test_the_seeds_towers_sliced_by_a_fed_size_and_its_inference_feed_are_found(
     assert [r.tolist() for r in built.feed(batch.take(slice(0, 6)), True).rows] == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(NotFed, match=r"cut by current_batch_size, which the program fed rows // towers"):
         built.feed(batch.take(slice(0, 7)), True)
+    # --split=weighted feeds each tower's start and size: a rule the harness does not guess.
+    weighted = CapturedLegacy(str(SEED[0]), lambda towers, files: [*seed_argv(tmp_path), "--split", "weighted"],
+                              "--towers")
+    with pytest.raises(CaptureError, match=r"cut by tower_starts, fed \[0, 4\] at the first step \(8 rows on 2 "
+                                           r"towers\): the harness feeds a size rows // towers"):
+        weighted.build(weighted.parse_args([]), 2, {})
 
 
 def test_a_keras_epsilon_planted_in_the_seed_ports_file_fails_what_it_fails_through_the_adapter(tmp_path):
