@@ -106,11 +106,15 @@ def derive(sides: Sides, steps: int) -> Tolerances:
 
 
 def random_ops(sides: Sides) -> list[str]:
-    """The random ops tower 0's logits depend on in the legacy graph, as the program feeds them (those
-    the harness feeds, such as a dropout's noise it imposes, do not run)."""
+    """The random ops tower 0's logits depend on in the legacy graph, as the program feeds them in
+    inference mode (those the harness feeds, such as a dropout's noise it imposes, do not run; a
+    dropout's noise at rate 0 runs and changes nothing)."""
     batch = sides.batch(seed=97)
     fed = sides.legacy.feed(batch, False, fixed_masks(sides, batch, training=False)).feed_dict
-    return sorted(op.name for op in tf1_graph.running(sides.legacy.lg.tower_logits[:1], fed) if op.type in RANDOM_OPS)
+    on = {d.noise.op for d in sides.legacy.dropouts_on(batch, False)}
+    idle = {d.noise.op for d in sides.legacy.dropouts} - on
+    return sorted(op.name for op in tf1_graph.running(sides.legacy.lg.tower_logits[:1], fed)
+                  if op.type in RANDOM_OPS and op not in idle)
 
 
 def power(sides: Sides) -> list[Result]:
@@ -121,13 +125,15 @@ def power(sides: Sides) -> list[Result]:
         return []
     ops = random_ops(sides)
     why = (f"the legacy logits depend on {len(ops)} random op(s) the harness does not impose "
-           f"({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''})" if ops
-           else "no random op upstream of the legacy logits was found: its forward pass itself is that sensitive")
+           f"({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''}); name or feed them" if ops
+           else f"no random op upstream of the legacy logits was found: its forward pass itself is that sensitive "
+                f"at {sides.pair.rows_per_tower} rows a tower (batch statistics over few rows are): judge it at more "
+                f"rows a tower")
     return [judge(f"{sides.label}tolerances with power", sides.pair.name,
                   [TensorError("model tolerance", model.rel_l2, model.rel_l2, model.rel_l2)], POWER_BOUND,
                   note=f"the pair cannot be judged at this level: its model tolerance {model.rel_l2:.3g} "
                        f"({model.derivation}) is above {POWER_BOUND.rel_l2:g}, where a mistake that moves only the "
-                       f"gradients by that much would PASS; {why}; name or feed them (docs/parity.md)")]
+                       f"gradients by that much would PASS; {why} (docs/parity.md)")]
 
 
 def reordered(sides: Sides, batch: Batch, masks: Masks) -> Optional[tuple[Batch, Masks]]:
