@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from compare.report import EPS32, Sums, TensorError, errors_of
+from compare.report import BLOCK, EPS32, Sums, TensorError, errors_of
 
 Arrays = dict[str, np.ndarray]
 
@@ -336,19 +336,34 @@ def update_errors(label: str, rule: Rule, before: Mapping[str, np.ndarray], afte
     kernel (which a Keras Adam running `ResourceApplyAdam` follows).
     """
     variants = [False, True] if rule.side == "keras" and rule.rule == "adam" else [False]
-    return min((variant_errors(label, rule, before, after, predict(rule, before, grad, lr, powers, v), tolerance)
-                for v in variants), key=lambda errors: max(e.rel_l2 for e in errors))
+    return min((variant_errors(label, rule, before, after, grad, lr, powers, v, tolerance) for v in variants),
+               key=lambda errors: max(e.rel_l2 for e in errors))
 
 
 def variant_errors(label: str, rule: Rule, before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray],
-                   predicted: Arrays, tolerance: float) -> list[TensorError]:
-    """`update_errors` against one prediction."""
+                   grad: Any, lr: float, powers: tuple[float, float], keras_one_minus: bool,
+                   tolerance: float) -> list[TensorError]:
+    """`update_errors` against one prediction (`predict` with `keras_one_minus`), made and measured a
+    block of BLOCK elements at a time (every rule is elementwise): the float64 prediction of a block
+    stays in cache, where whole-array float64 copies of ResNet-v2-50's weights and slots would not."""
+    keys = ["w", *rule.slots]
+    flat = {k: np.asarray(v).reshape(-1) for k, v in before.items()}
+    done = {k: np.asarray(after[k]).reshape(-1) for k in keys}
+    g = np.asarray(grad).reshape(-1)
+    if any(done[k].shape != flat[k].shape for k in keys) or g.shape != flat["w"].shape:
+        raise ValueError(f"{label}: the shapes of the state before, after and the gradient differ")
+    sums = {k: Sums() for k in keys}
+    for i in range(0, max(g.size, 1), BLOCK):
+        part = {k: v[i:i + BLOCK] for k, v in flat.items()}
+        predicted = predict(rule, part, g[i:i + BLOCK], lr, powers, keras_one_minus)
+        for k in keys:
+            sums[k] = sums[k].add(Sums.over(done[k][i:i + BLOCK], np.asarray(predicted[k]), offset=part[k],
+                                            spacings=True))
     errors = []
-    for key in ["w", *rule.slots]:
-        sums = Sums.over(np.asarray(after[key]), np.asarray(predicted[key]), offset=before[key], spacings=True)
-        floor = math.sqrt(sums.spacing2) + 4 * math.sqrt(sums.ref_spacing2) + 8 * EPS32 * math.sqrt(sums.ref2)
-        what = "update" if key == "w" else key
-        errors.append(errors_of(f"{label} {what}", sums, floor / tolerance))
+    for k in keys:
+        s = sums[k]
+        floor = math.sqrt(s.spacing2) + 4 * math.sqrt(s.ref_spacing2) + 8 * EPS32 * math.sqrt(s.ref2)
+        errors.append(errors_of(f"{label} {'update' if k == 'w' else k}", s, floor / tolerance))
     return errors
 
 

@@ -153,6 +153,12 @@ class Sums:
     spacing2: float = 0.0
     ref_spacing2: float = 0.0
 
+    def add(self, other: "Sums") -> "Sums":
+        """These sums and `other`'s (of the elements of both)."""
+        return Sums(self.diff2 + other.diff2, self.ref2 + other.ref2, max(self.max_abs, other.max_abs),
+                    max(self.max_rel, other.max_rel), self.spacing2 + other.spacing2,
+                    self.ref_spacing2 + other.ref_spacing2)
+
     @classmethod
     def over(cls, a: np.ndarray, b: np.ndarray, offset: Optional[np.ndarray] = None,
              spacings: bool = False) -> "Sums":
