@@ -566,7 +566,7 @@ class Evaluator:
 
 
 @dataclasses.dataclass
-class Settings:
+class FirstFeed:
     """What the first training step fed besides the towers' rows, each tensor with its value in
     training (the step's) and in inference mode; `sizes`, those the bounds of the towers' slices
     depend on (the original's `current_batch_size`), fed rows // towers; `notes`, how each
@@ -595,9 +595,9 @@ def cond_predicate(tensor: Any) -> int:
                 and op.inputs[1] is p})
 
 
-def settings(graph: Any, feed: Mapping[Any, Any], inputs: Sequence[TowerInput], losses: Sequence[Any],
-             evaluate: Callable[[Any, Mapping[Any, Any]], Any]) -> Settings:
-    """The first step's feed besides the rows (`Settings`).  In inference mode a bool that is the
+def first_feed(graph: Any, feed: Mapping[Any, Any], inputs: Sequence[TowerInput], losses: Sequence[Any],
+               evaluate: Callable[[Any, Mapping[Any, Any]], Any]) -> FirstFeed:
+    """The first step's feed besides the rows (`FirstFeed`).  In inference mode a bool that is the
     predicate of tf.conds and was fed True (an `is_training`: batch norm's branch) is fed False; a
     float the dropouts' rates depend on (a `keep_prob`) is fed the value, 1 or 0, at which every
     one of those rates is 0; every other tensor keeps its training value.  A size must have been fed
@@ -629,7 +629,7 @@ def settings(graph: Any, feed: Mapping[Any, Any], inputs: Sequence[TowerInput], 
             if off is not None and off != float(value):
                 inference[t] = off
                 notes.append(f"{t.op.name} {off:g} ({float(value):g} in training; {len(its)} dropouts' rates 0)")
-    return Settings(training, inference, sizes, notes)
+    return FirstFeed(training, inference, sizes, notes)
 
 
 def slice_bounds(inputs: Sequence[TowerInput], evaluate: Callable[[Any, Mapping[Any, Any]], Any],
@@ -654,7 +654,7 @@ def slice_bounds(inputs: Sequence[TowerInput], evaluate: Callable[[Any, Mapping[
     return out
 
 
-def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float], fed: Optional[Settings] = None,
+def found_feed(inputs: Sequence[TowerInput], weights: Sequence[float], fed: Optional[FirstFeed] = None,
                evaluate: Optional[Callable[[Any, Mapping[Any, Any]], Any]] = None
                ) -> Callable[[Batch, bool], TowerFeed]:
     """The feed of a captured program: the batch cut in equal parts over the distinct sources (in
@@ -746,7 +746,7 @@ class CapturedLegacy:
         self._config: Any = None
         self.captured: Optional[Captured] = None
         self.inputs: list[TowerInput] = []  # the towers' input rows in the last captured graph
-        self.settings: Optional[Settings] = None  # what its first step fed besides the rows
+        self.first_feed: Optional[FirstFeed] = None  # what its first step fed besides the rows
         if evaluate is not None:
             self.evaluate = evaluate
 
@@ -784,8 +784,8 @@ class CapturedLegacy:
             raise CaptureError(f"how the graph combines the {len(losses)} towers' gradients is not a sum or a mean "
                                f"of them: name each tower's weight (names={{'tower_weights': ...}})")
         evaluate = Evaluator(captured.graph, captured.config or self.session_config(flags, towers))
-        fed = settings(captured.graph, fed_tensors(captured.graph, captured.feed), inputs, losses, evaluate)
-        self.settings = fed
+        fed = first_feed(captured.graph, fed_tensors(captured.graph, captured.feed), inputs, losses, evaluate)
+        self.first_feed = fed
         if fed.notes:
             self.log(f"inference mode: {'; '.join(fed.notes)}")
         with captured.graph.as_default():  # the combined loss the applied gradients are the gradients of

@@ -152,8 +152,8 @@ def test_the_seeds_towers_sliced_by_a_fed_size_and_its_inference_feed_are_found(
     from compare.pairs.captured import first_tower_rows
     side = CapturedLegacy(str(SEED[0]), lambda towers, files: seed_argv(tmp_path), "--towers")
     built = side.build(side.parse_args([]), 2, {})
-    assert [t.op.name for t in side.settings.sizes] == ["current_batch_size"]
-    assert side.settings.notes == ["is_training False (True in training; the predicate of 494 tf.cond switches)",
+    assert [t.op.name for t in side.first_feed.sizes] == ["current_batch_size"]
+    assert side.first_feed.notes == ["is_training False (True in training; the predicate of 494 tf.cond switches)",
                                    "keep_prob 1 (0.6 in training; 2 dropouts' rates 0)"]
     assert first_tower_rows(side, built) == 4
     rng = np.random.RandomState(0)
