@@ -50,19 +50,24 @@ from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the
 '''
 
 
+def judged_planted(tmp_path, module, source, *argv):
+    """`compare/run.py --pair module --quick *argv` with the adapter module `source` written to
+    tmp_path: it must exit 1 with no traceback; (its JSON report's results by check, the FAILed checks)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    report = tmp_path / "parity.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
+    command = [sys.executable, "compare/run.py", "--pair", module, "--quick", *argv, "--report", str(report)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    return results, sorted(n for n, r in results.items() if r["status"] == "FAIL")
+
+
 def test_command_line_at_three_towers_fails_keras_adam_epsilon_in_the_configuration(tmp_path):
     """A mistake planted in the port's own code (`make_optimizer`, as its `build` calls it), judged
     from the command line at 3 towers: exit 1, the configuration FAILs on the optimizer's epsilon
     (|1e-7 - 1e-8| / 1e-8 = 9), no traceback."""
-    (tmp_path / "planted_small_cifar.py").write_text(PLANTED)
-    report = tmp_path / "parity.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
-    command = [sys.executable, "compare/run.py", "--pair", "planted_small_cifar", "--quick", "--towers", "3",
-               "--only", "basics", "--report", str(report)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
-    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
-    failed = sorted(n for n, r in results.items() if r["status"] == "FAIL")
+    results, failed = judged_planted(tmp_path, "planted_small_cifar", PLANTED, "--towers", "3", "--only", "basics")
     assert failed == ["configuration (flags and what they build)"]
     worst = results["configuration (flags and what they build)"]["worst"]
     assert worst["name"] == "optimizer epsilon" and 8 < worst["rel_l2"] < 10
@@ -99,15 +104,8 @@ def test_command_line_fails_an_adam_bias_correction_one_step_behind_in_the_optim
     two corrections agree within round-off, so the 6 restart steps (step 0 among them) are what sees
     it: exit 1, exactly the two optimizer checks FAIL at step 0's update, the gradients and the rate
     PASS (the mistake is in the update alone), no traceback."""
-    (tmp_path / "planted_adam_step.py").write_text(PLANTED_ADAM_STEP)
-    report = tmp_path / "parity.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
-    command = [sys.executable, "compare/run.py", "--pair", "planted_adam_step", "--quick", "--steps", "6",
-               "--only", "steps", "--report", str(report)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
-    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
-    failed = sorted(n for n, r in results.items() if r["status"] == "FAIL")
+    results, failed = judged_planted(tmp_path, "planted_adam_step", PLANTED_ADAM_STEP, "--steps", "6",
+                                     "--only", "steps")
     assert failed == ["6 training steps: optimizer on each side", "6 training steps: optimizers side by side"]
     for check in failed:
         worst = results[check]["worst"]

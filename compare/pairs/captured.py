@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from compare.capture import CAPTURE_SECONDS, CaptureError, CapturedLegacy, parse_flags, quiet_tensorflow
+from compare.capture import CAPTURE_SECONDS, CaptureError, CapturedLegacy, fed_tensors, parse_flags, quiet_tensorflow
 from compare.checks.basics import legacy_batches, started_pipeline
 from compare.interface import Batch, DataFiles, LegacyGraph, Pair, Pairing
 from compare.port_capture import CapturedPort, port_environment
@@ -87,13 +87,9 @@ def first_tower_rows(side: CapturedLegacy, built: LegacyGraph) -> Optional[int]:
 
 
 def fed_value(feed: Any, tensor: Any) -> Optional[np.ndarray]:
-    """The value a Session.run feed gives `tensor` (keyed by the tensor or its name), or None."""
-    if not isinstance(feed, dict):
-        return None
-    for key, value in feed.items():
-        if key is tensor or getattr(key, "name", key) == tensor.name or key == tensor.op.name:
-            return np.asarray(value)
-    return None
+    """The value a Session.run feed gives `tensor` (keyed by the tensor, its name or its op's), or None."""
+    value = fed_tensors(tensor.graph, feed).get(tensor)
+    return None if value is None else np.asarray(value)
 
 
 class ProgramRows:
