@@ -12,6 +12,7 @@ its own taps and setters beside the program's ops, and answers the `compare.stat
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import threading
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
@@ -79,7 +80,9 @@ class LegacyRun:
             self.init = tf1.global_variables_initializer()
             self.saver = tf1.train.Saver(var_list={n: self.by_name[n] for n in self.model})
             self.full_saver = tf1.train.Saver()  # every variable, as the programs' own Saver() saves
-        self.sess = tf1.Session(graph=self.graph, config=harness_config(pair.legacy.session_config(flags, towers)))
+        self.config = harness_config(pair.legacy.session_config(flags, towers))
+        self.sess = tf1.Session(graph=self.graph, config=self.config)
+        self._twin: Optional[LegacyRun] = None
         self._decays: Optional[dict[str, float]] = None
         self._tower_grads: Optional[list[list[Any]]] = None
         self._lr_at: Optional[tf1_graph.StepFunction] = None
@@ -256,7 +259,22 @@ class LegacyRun:
             self._lr_at = tf1_graph.StepFunction(self.graph, self.lg.learning_rate, self.global_step_var, self.sess)
         return self._lr_at(step)
 
+    def twin(self) -> "LegacyRun":
+        """The same graph in a second session of the same config, its variables initialised: a
+        second copy of the program's state, to train beside this one (made once, closed with it)."""
+        if self._twin is None:
+            twin = copy.copy(self)
+            twin.sess, twin._twin, twin._lr_at = tf1.Session(graph=self.graph, config=self.config), None, None
+            twin.sess.run(self.init)
+            for init in (self.lg.pipeline.initializer if self.lg.pipeline else ()):
+                twin.sess.run(init)
+            self._twin = twin
+        return self._twin
+
     def close(self) -> None:
+        if self._twin is not None:
+            self._twin.close()
+            self._twin = None
         self.sess.close()
 
 

@@ -1,78 +1,86 @@
 """Free-running trajectories against the system's own sensitivity (the chaos floor)."""
 from __future__ import annotations
 
+import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from compare import causes, diagnosis
-from compare.interface import Batch
-from compare.report import Diagnosis, Part, Result, TensorError, judge
-from compare.state import Masks
+from compare.report import BLOCK, Diagnosis, Part, Result, TensorError, judge
 from compare.sides import Sides, State
 
 FACTOR = 2.0  # the port may drift at most this much faster than the legacy program drifts from itself
 
 
-def modern_trajectory(sides: Sides, start: State, steps: int,
-                      names: list[str]) -> tuple[list[Batch], list[Masks], list[float], list[np.ndarray]]:
-    """The port trained freely from `start`: each step's batch, the masks it drew (for the legacy
-    towers' rows), its loss, and the trainable weights after it."""
-    modern = sides.modern
+def distance(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    """||a - b|| of two lists of arrays (one vector), in float64 over blocks: no float64 copy, nor a
+    flat copy, of 23.5M weights a step."""
+    total = 0.0
+    for x, y in zip(a, b):
+        x, y = x.reshape(-1), y.reshape(-1)
+        for i in range(0, x.size, BLOCK):
+            d = x[i:i + BLOCK].astype(np.float64)
+            d -= y[i:i + BLOCK]
+            total += float(np.dot(d, d))
+    return math.sqrt(total)
+
+
+def trajectories(sides: Sides, start: State, perturbed: State, steps: int,
+                 names: list[str]) -> tuple[dict[str, list[float]], list[float], list[float], list[float]]:
+    """The port, the legacy program and the legacy program from `perturbed` (in a second session of
+    its graph), trained in lockstep from `start`: the port's step draws each step's masks, both
+    legacy runs take them for their towers' rows.  Returns the three runs' losses, and at each step
+    the legacy weights' distance from the port's and from the perturbed run's, and how far they have
+    moved from the start."""
+    legacy, modern, other = sides.legacy, sides.modern, sides.legacy.twin()
     sides.set_both(start)
-    batches, masks, losses, weights = [], [], [], []
+    other.restore(perturbed)
+    w0 = [start.weights[n] for n in names]
+    losses: dict[str, list[float]] = {"legacy": [], "modern": [], "perturbed": []}
+    d_m, d_p, moved = [], [], []
+    variables = [legacy.by_name[n] for n in names]
     for k in range(steps):
         batch = sides.batch(seed=200 + k)
         out = modern.step(batch, before=modern.state())
-        batches.append(batch)
-        masks.append(sides.masks_for(batch, out))
-        losses.append(out.loss)
-        weights.append(np.concatenate([modern.names[n].numpy().ravel() for n in names]))
-    return batches, masks, losses, weights
-
-
-def legacy_trajectory(sides: Sides, start: State, batches: list[Batch], masks: list[Masks],
-                      names: list[str]) -> tuple[list[float], list[np.ndarray]]:
-    """The legacy program trained from `start` on the same batches and masks: losses, weights after each step."""
-    legacy = sides.legacy
-    legacy.restore(start)
-    losses, weights = [], []
-    for batch, m in zip(batches, masks):
-        losses.append(legacy.step(batch, m).loss)
-        weights.append(np.concatenate([v.ravel() for v in legacy.sess.run([legacy.by_name[n] for n in names])]))
-    return losses, weights
+        masks = sides.masks_for(batch, out)
+        losses["modern"].append(out.loss)
+        wm = modern.read([modern.names[n] for n in names])
+        losses["legacy"].append(legacy.step(batch, masks).loss)
+        wl = legacy.sess.run(variables)
+        d_m.append(distance(wl, wm))
+        moved.append(distance(wl, w0))
+        losses["perturbed"].append(other.step(batch, masks).loss)
+        d_p.append(distance(wl, other.sess.run(variables)))
+    return losses, d_m, d_p, moved
 
 
 def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: Optional[State] = None,
                        suffix: str = "") -> Result:
     """Both programs train freely for K steps from the common start, on the same rows with the same
     dropout masks; the legacy program trains again from the start moved by one float32 ulp in every
-    weight.  At every step the legacy-modern distance of the weights (relative to how far the legacy
-    weights have moved) must stay within `factor` times the legacy-perturbed distance (the system's
+    weight, in a second session of its graph (`LegacyRun.twin`), in lockstep with the other two.  At
+    every step the legacy-modern distance of the weights (relative to how far the legacy weights have
+    moved) must stay within `factor` times the legacy-perturbed distance (the system's
     own sensitivity to round-off, measured in this run, never below float32's resolution of the
     weights), or within k + 1 steps' model tolerance, whichever is larger; and so must each step's
     loss, unless the trajectory is chaotic.  Catches what the restart check cannot: slow drift,
     optimizer state carried wrong from step to step, a schedule that goes wrong between the checked
     steps, a regulariser that only shows in the loss."""
-    legacy = sides.legacy
     model_tol = sides.tol.model.rel_l2
-    names = sorted(legacy.trainable)
+    names = sorted(sides.legacy.trainable)
     start = start or sides.start
-    w0 = np.concatenate([start.weights[n].ravel() for n in names]).astype(np.float64)
-    batches, masks, losses_m, traj_m = modern_trajectory(sides, start, steps, names)
     perturbed = dict(start.weights)
     for n in names:
         perturbed[n] = np.nextafter(perturbed[n], np.float32(np.inf))
-    runs: dict[str, tuple[list[float], list[np.ndarray]]] = {}
-    for label, weights in (("legacy", start.weights), ("perturbed", perturbed)):
-        runs[label] = legacy_trajectory(sides, start.replace(weights=weights), batches, masks, names)
-    resolution = np.linalg.norm(np.spacing(np.abs(w0).astype(np.float32)))
+    losses, d_m, d_p, moved = trajectories(sides, start, start.replace(weights=perturbed), steps, names)
+    resolution = math.sqrt(sum(float(np.sum(np.square(np.spacing(np.abs(start.weights[n])), dtype=np.float64)))
+                               for n in names))
     rows = []
     for k in range(steps):
-        wl, wp, wm = runs["legacy"][1][k], runs["perturbed"][1][k], traj_m[k]
-        moved = max(np.linalg.norm(wl - w0), resolution)
-        ll, lp, lm = runs["legacy"][0][k], runs["perturbed"][0][k], losses_m[k]
-        rows.append({"d_m": np.linalg.norm(wl - wm) / moved, "d_p": max(np.linalg.norm(wl - wp), resolution) / moved,
+        scale = max(moved[k], resolution)
+        ll, lp, lm = losses["legacy"][k], losses["perturbed"][k], losses["modern"][k]
+        rows.append({"d_m": d_m[k] / scale, "d_p": max(d_p[k], resolution) / scale,
                      "e_loss": abs(ll - lm) / max(abs(ll), 1e-30), "p_loss": abs(ll - lp) / max(abs(ll), 1e-30)})
     # Chaotic: the loss of the legacy program started 1 ulp away drifts from its own beyond the step
     # tolerance.  Then one run's loss says little: only the weights' distance is judged,
@@ -89,7 +97,7 @@ def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: 
         # judged over what is allowed (the "chaos" tolerance is 1).
         errors.append(TensorError(f"step {k}: {'weights' if chaotic else 'weights and loss'} over allowed",
                                   r["d_m"], r["e_loss"], ratio))
-    finite = all(np.isfinite(runs["legacy"][0] + losses_m))
+    finite = all(np.isfinite(losses["legacy"] + losses["modern"]))
     worst = int(np.argmax(ratios))
     r = rows[worst]
     result = judge(f"{sides.label}{steps} free-running steps (chaos floor){suffix}", sides.pair.name, errors, "chaos",
@@ -98,7 +106,7 @@ def check_free_running(sides: Sides, steps: int, factor: float = FACTOR, start: 
                       f"{r['d_m']:.3g} vs legacy-perturbed {r['d_p']:.3g}, loss {r['e_loss']:.3g} vs {r['p_loss']:.3g} "
                       f"(allowed: {factor} x the perturbed distance, or {worst + 1} steps x model {model_tol:.2g}"
                       f"{'; losses not judged' if chaotic else ''}); last step at {ratios[-1]:.2f} of allowed",
-                 extra={"losses": {"legacy": runs["legacy"][0], "modern": losses_m, "perturbed": runs["perturbed"][0]},
+                 extra={"losses": losses,
                         "distances": {"modern": [r["d_m"] for r in rows], "perturbed": [r["d_p"] for r in rows]}})
     return diagnosis.guarded(result, lambda: _localise_trajectory(sides, start, steps, rows, ratios))
 
