@@ -103,12 +103,16 @@ def test_command_line_fails_an_adam_bias_correction_one_step_behind_in_the_optim
     builds): the bias correction at t = iterations.  Step 0 divides by 1 - beta^0 = 0; far past it the
     two corrections agree within round-off, so the 6 restart steps (step 0 among them) are what sees
     it: exit 1, exactly the two optimizer checks FAIL at step 0's update, the gradients and the rate
-    PASS (the mistake is in the update alone), no traceback."""
+    PASS (the mistake is in the update alone), no traceback.  The port's update is judged against its
+    own rule at step 0, where side by side parts, and by implication at the five others."""
     results, failed = judged_planted(tmp_path, "planted_adam_step", PLANTED_ADAM_STEP, "--steps", "6",
                                      "--only", "steps")
     assert failed == ["6 training steps: optimizer on each side", "6 training steps: optimizers side by side"]
     for check in failed:
         worst = results[check]["worst"]
         assert worst["step"] == 0 and worst["name"].endswith("update") and worst["rel_l2"] == float("inf"), worst
+    own = results["6 training steps: optimizer on each side"]
+    assert "the port's by implication at the other steps than [0]:" in own["note"], own["note"]
+    assert {e["name"].split(":")[0] for e in own["errors"] if e["name"].startswith("modern")} == {"modern step 0"}
     assert results["6 training steps: loss and gradients"]["status"] == "PASS"
     assert results["lr schedule"]["status"] == "PASS"

@@ -102,6 +102,30 @@ class RestartStep:
     # The port's optimizer on the legacy gradient from `before` (optimizers side by side): its weights and slots.
     port_weights: Arrays = dataclasses.field(default_factory=dict)
     port_slots: dict[str, Arrays] = dataclasses.field(default_factory=dict)
+    # What the step checks measure of this step (`measure`), as soon as it is made.
+    side_by_side: list[TensorError] = dataclasses.field(default_factory=list)
+    legacy_rule: list[TensorError] = dataclasses.field(default_factory=list)
+    modern_rule: Optional[list[TensorError]] = None  # None: the port's rule implied at this step (`implied`)
+    gradients: list[TensorError] = dataclasses.field(default_factory=list)  # the loss's and the gradients'
+
+    def parts(self, sides: Sides) -> bool:
+        """Whether any tensor of this step measured so far parts beyond its check's tolerance."""
+        optimizer, model = sides.tol.optimizer.rel_l2, sides.tol.model.rel_l2
+        return (any(not e.rel_l2 <= e.limit(optimizer) for e in
+                    self.side_by_side + self.legacy_rule + (self.modern_rule or []))
+                or any(not e.rel_l2 <= e.limit(model) for e in self.gradients))
+
+    def lighten(self, moving: Sequence[str]) -> None:
+        """Drop the whole-model arrays, once measured, keeping what the checks read later: the loss
+        and rate of each side, the moving statistics (`moving`, their names) before and after, the
+        counters.  A step that parts keeps everything, for the diagnosis."""
+        def light(state: State) -> State:
+            return State({n: state.weights[n] for n in moving if n in state.weights}, {}, state.step, None)
+        self.before, self.legacy_after = light(self.before), light(self.legacy_after)
+        self.legacy = dataclasses.replace(self.legacy, gradients={})
+        self.modern = dataclasses.replace(self.modern, gradients={})
+        self.modern_weights, self.modern_slots, self.modern_slots_before = {}, {}, {}
+        self.port_weights, self.port_slots = {}, {}
 
 
 def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartStep:
@@ -120,9 +144,9 @@ def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartSt
                        modern.weights(sorted({u.variable.op.name for u in legacy.moving})), powers)
 
 
-def optimizer_errors(sides: Sides, r: RestartStep, modern: bool = True) -> list[TensorError]:
+def optimizer_errors(sides: Sides, r: RestartStep, legacy: bool = True, modern: bool = True) -> list[TensorError]:
     """Each side's update and slots of every variable against its own rule (compare.optimizers),
-    where the harness knows that rule (the port's only where `modern`)."""
+    where the harness knows that rule (the legacy program's where `legacy`, the port's where `modern`)."""
     rule_l, rule_m = sides.legacy.rule, sides.modern.rule
     names = list(sides.legacy.trainable)
     tol = sides.tol.optimizer.rel_l2
@@ -141,7 +165,7 @@ def optimizer_errors(sides: Sides, r: RestartStep, modern: bool = True) -> list[
             f"modern step {r.step}: {n}", rule_m, dict(r.modern_slots_before[n], w=r.before.weights[n]),
             dict(r.modern_slots[n], w=r.modern_weights[n]), r.modern.gradients[n], rate(r.modern), powers_m, tol)]
 
-    jobs = ([(legacy_update, n) for n in names] if rule_l.known else []) \
+    jobs = ([(legacy_update, n) for n in names] if rule_l.known and legacy else []) \
         + ([(modern_update, n) for n in names] if rule_m.known and modern else [])
     return [e for update, n in jobs for e in update(n)]
 
@@ -168,15 +192,19 @@ def check_training_steps(sides: Sides, count: int, steps_at: Optional[list[int]]
     legacy = sides.legacy
     points = change_points(legacy)
     steps_at = steps_at or restart_steps(points, count)
+    moving = sorted({u.variable.op.name for u in legacy.moving})
     runs: list[RestartStep] = []
     for k, step in enumerate(steps_at):
         state = (runs[-1].legacy_after if k else (start or sides.start)).replace(step=step)  # where it left it
-        runs.append(run_restart_step(sides, k, step, state))
-    side_by_side = check_port_optimizer(sides, runs, suffix)
+        runs.append(measure(sides, run_restart_step(sides, k, step, state)))
+        if k and not runs[-2].parts(sides):  # its state after is this step's start: dropped once this step is made
+            runs[-2].lighten(moving)
+    if not runs[-1].parts(sides):
+        runs[-1].lighten(moving)
     kinds = {"learning rate": check_lr(sides, runs, points, suffix),
              "loss and gradients": check_losses_and_gradients(sides, runs, suffix),
-             "own rule": check_own_rules(sides, runs, suffix, modern=not implied(sides, side_by_side)),
-             "side by side": side_by_side,
+             "own rule": check_own_rules(sides, runs, suffix),
+             "side by side": check_port_optimizer(sides, runs, suffix),
              "step counters": check_counters(sides, runs, suffix)}
     if legacy.moving:
         kinds["moving statistics"] = check_moving_statistics(sides, runs, suffix)
@@ -280,29 +308,47 @@ def diagnose_steps(sides: Sides, runs: list[RestartStep], kinds: dict[str, Resul
         diagnosis.guarded(result, localise)
 
 
-def implied(sides: Sides, side_by_side: Result) -> bool:
-    """Whether the port's update follows its own rule by implication: it is the legacy program's rule
-    (hyper-parameters aside), the port's update agrees with the legacy one side by side, and the
-    legacy update is judged against that rule."""
-    return optimizers.same_rule(sides.legacy.rule, sides.modern.rule) and side_by_side.status == "PASS"
+def implied(sides: Sides, r: RestartStep) -> bool:
+    """Whether the port's update at step `r` follows its own rule by implication: it is the legacy
+    program's rule (hyper-parameters aside), the port's update agrees with the legacy one side by side
+    at this step, and the legacy update is judged against that rule."""
+    tol = sides.tol.optimizer.rel_l2
+    return (optimizers.same_rule(sides.legacy.rule, sides.modern.rule) and bool(r.side_by_side)
+            and all(e.rel_l2 <= e.limit(tol) for e in r.side_by_side))
 
 
-def check_own_rules(sides: Sides, runs: list[RestartStep], suffix: str, modern: bool = True) -> Result:
-    """Each side's optimizer against its own rule, where the harness knows it; the port's only where
-    `modern` (where side by side does not imply it: `implied`)."""
+def measure(sides: Sides, r: RestartStep) -> RestartStep:
+    """Everything the step checks compare of step `r`, measured as soon as it is made (whole-model
+    arrays are not kept past the next step: `RestartStep.lighten`): the port's optimizer on the
+    legacy gradient, each side's update against its own rule (the port's where not implied), the
+    loss and gradients."""
+    r.side_by_side = port_on_legacy_gradient(sides, r)
+    r.legacy_rule = optimizer_errors(sides, r, legacy=True, modern=False)
+    r.modern_rule = None if implied(sides, r) else optimizer_errors(sides, r, legacy=False, modern=True)
+    r.gradients = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss, step=r.step)] + [
+        dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient", step=r.step)
+        for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
+    return r
+
+
+def check_own_rules(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
+    """Each side's optimizer against its own rule, where the harness knows it; the port's at the steps
+    where side by side does not imply it (`implied`)."""
     rule_l, rule_m = sides.legacy.rule, sides.modern.rule
     name = f"{sides.label}{len(runs)} training step{plural(runs)}: optimizer on each side{suffix}"
     if not rule_l.known and not rule_m.known:
         return not_applicable(name, sides.pair.name, f"the harness knows neither rule (legacy {rule_l.describe()}, "
                                                      f"modern {rule_m.describe()}): the two are judged against each "
                                                      f"other (the port's optimizer on the legacy gradient)")
-    judged = [("legacy", rule_l)] + ([("modern", rule_m)] if modern else [])
+    own_steps = [r.step for r in runs if r.modern_rule is not None]
+    judged = [("legacy", rule_l)] + ([("modern", rule_m)] if own_steps else [])
     own = [f"{side} {rule.describe()}" for side, rule in judged if rule.known]
     other = [f"{side} {rule.describe()}" for side, rule in (("legacy", rule_l), ("modern", rule_m)) if not rule.known]
-    errors = [e for r in runs for e in optimizer_errors(sides, r, modern=modern)]
+    errors = [e for r in runs for e in r.legacy_rule + (r.modern_rule or [])]
     note = f"every variable's update and slots against its own rule: {', '.join(own)}"
-    if rule_m.known and not modern:
-        note += "; the port's by implication: the same rule, and its update agrees with the legacy one side by side"
+    if rule_m.known and len(own_steps) < len(runs):
+        note += ("; the port's by implication" + (f" at the other steps than {own_steps}" if own_steps else "")
+                 + ": the same rule, and its update agrees with the legacy one side by side")
     if other:
         note += f"; {', '.join(other)}: judged against the other side only (optimizers side by side)"
     return judge(name, sides.pair.name, errors, sides.tol.optimizer, note=note)
@@ -355,7 +401,7 @@ def find_pairing(sides: Sides, r: RestartStep, after: dict[str, Arrays]) -> Opti
 def check_port_optimizer(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
     """The port's optimizer on the legacy gradient from the legacy state, against the legacy update."""
     name = f"{sides.label}{len(runs)} training step{plural(runs)}: optimizers side by side{suffix}"
-    errors = [e for r in runs for e in port_on_legacy_gradient(sides, r)]
+    errors = [e for r in runs for e in r.side_by_side]
     modern = sides.modern
     slots = ("slots converted" if modern.rule.known else
              f"slots paired by value ({', '.join(f'{m} = {l}' for m, l in modern.pairing.items())})" if modern.pairing
@@ -385,10 +431,7 @@ def check_lr(sides: Sides, runs: list[RestartStep], points: Optional[list[int]],
 
 
 def check_losses_and_gradients(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
-    errors = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss, step=r.step) for r in runs]
-    for r in runs:
-        errors += [dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient", step=r.step)
-                   for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
+    errors = [r.gradients[0] for r in runs] + [e for r in runs for e in r.gradients[1:]]
     return judge(f"{sides.label}{len(runs)} training step{plural(runs)}: loss and gradients{suffix}", sides.pair.name,
                  errors, sides.tol.model,
                  note=f"each step from the legacy state; modern gradients {runs[-1].modern.source}",
