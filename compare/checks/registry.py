@@ -16,7 +16,7 @@ import functools
 import os
 import sys
 import traceback
-from typing import Callable
+from typing import Any, Callable, Optional
 
 from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure, tf1,
                             trained)
@@ -32,6 +32,7 @@ class Context:
     sides: Sides
     settings: Settings
     log: Callable[[str], None]
+    started: dict[str, Any] = dataclasses.field(default_factory=dict)  # group -> what its `start` began
 
     @property
     def free_steps(self) -> int:
@@ -56,6 +57,9 @@ class Group:
     title: Callable[[Context], str]
     runs: Callable[[Context], bool]
     checks: tuple[Check, ...]
+    # Work begun before the pairing's first group, to go on beside the others (a process of its own):
+    # what it returns (or raises) is ctx.started[name] for the group's checks.
+    start: Optional[Callable[[Context], Any]] = None
 
 
 def always(ctx: Context) -> bool:
@@ -70,13 +74,22 @@ def free_steps(ctx: Context) -> bool:
     return ctx.free_steps > 0
 
 
+def tf1_launch(ctx: Context) -> Optional[tf1.Launched]:
+    """The TF1-runtime process, started where the adapter declares a build on TF1's runtime."""
+    return tf1.launch(ctx.sides, ctx.settings) if "tf1_runtime" in ctx.sides.pair.capabilities else None
+
+
 def tf1_runtime(ctx: Context) -> list[Result]:
     """The legacy graph on TF1's runtime, where the adapter declares it can be built there."""
     if "tf1_runtime" not in ctx.sides.pair.capabilities:
         return [not_applicable(f"{ctx.sides.label}legacy on TF1's runtime", ctx.sides.pair.name,
                                undeclared(ctx.sides.pair, "a build on TF1's runtime", "tf1_runtime"))]
-    ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}the legacy graph on TF1's runtime, in its own process")
-    return tf1.check_tf1_runtime(ctx.sides, ctx.settings)
+    ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}the legacy graph on TF1's runtime, in its own process "
+            f"(started before the first check)")
+    launched = ctx.started["tf1"]
+    if isinstance(launched, BaseException):
+        raise launched
+    return tf1.check_tf1_runtime(ctx.sides, launched)
 
 
 def split_case(case: str, run: Callable[[Sides], list[Result]], applies: Callable[[Sides], bool]) -> Check:
@@ -127,23 +140,33 @@ REGISTRY: dict[str, Group] = {g.name: g for g in (
                     lambda ctx: trained.check_trained(ctx.sides, ctx.settings, ctx.free_steps)),)),
     Group("evaluation", lambda ctx: "", always, (
         Check("evaluation (one checkpoint)", lambda ctx: [evaluation.check_evaluation(ctx.sides)]),)),
-    Group("tf1", lambda ctx: "", not_quick, (Check("legacy on TF1's runtime", tf1_runtime),)),
+    Group("tf1", lambda ctx: "", not_quick, (Check("legacy on TF1's runtime", tf1_runtime),), start=tf1_launch),
 )}
 assert tuple(REGISTRY) == GROUPS, "every group in compare.interface.GROUPS, in its order"
 
 
 def run_groups(ctx: Context, groups: list[str]) -> list[Result]:
-    """The checks of `groups` (in GROUPS order) that run under the settings."""
+    """The checks of `groups` (in GROUPS order) that run under the settings; first, what the groups
+    that run begin beside the others (`Group.start`), stopped at the end if a group left it running."""
     out: list[Result] = []
-    for name in GROUPS:
-        group = REGISTRY[name]
-        if name not in groups or not group.runs(ctx):
-            continue
-        title = group.title(ctx)
-        if title:
-            ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}{title}")
-        for check in group.checks:
-            out += run_check(check.name, functools.partial(check.run, ctx), ctx.sides.label, ctx.sides.pair.name)
+    running = [REGISTRY[name] for name in GROUPS if name in groups and REGISTRY[name].runs(ctx)]
+    for group in running:
+        if group.start is not None:
+            try:
+                ctx.started[group.name] = group.start(ctx)
+            except Exception as error:  # noqa: BLE001 - the group's check reports it, as an ERROR
+                ctx.started[group.name] = error
+    try:
+        for group in running:
+            title = group.title(ctx)
+            if title:
+                ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}{title}")
+            for check in group.checks:
+                out += run_check(check.name, functools.partial(check.run, ctx), ctx.sides.label, ctx.sides.pair.name)
+    finally:
+        for begun in ctx.started.values():
+            if hasattr(begun, "stop"):
+                begun.stop()
     return out
 
 

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -14,15 +14,27 @@ from compare.report import judge, tensor_error
 from compare.report import Result, Tolerance
 from compare.settings import Settings
 from compare.sides import Sides
+from compare.state import StepOutcome
 
 
-def check_tf1_runtime(sides: Sides, settings: Settings) -> list[Result]:
-    """The legacy graph built by the adapter after `disable_v2_behavior()` (compare/tf1_runtime.py),
-    from the start checkpoint, with the masks the modern step drew: its loss and gradients against
-    the modern step's (PASS), and one step's moving statistics against the unordered-update
-    predictions (EXPECTED: with ref variables the towers' assign_sub ops on one shared variable are
-    unordered and unlocked, so each element may see its own schedule)."""
-    name = f"{sides.label}legacy on TF1's runtime"
+class Launched(NamedTuple):
+    """The TF1-runtime process, started: what it was given, and the modern step it is compared with."""
+    process: subprocess.Popen
+    out_path: str
+    log_path: str
+    step: StepOutcome
+
+    def stop(self) -> None:
+        """End the process if it still runs (a run that ends before collecting it)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def launch(sides: Sides, settings: Settings) -> Launched:
+    """Start compare/tf1_runtime.py on one batch, with the masks the modern step drew from the start:
+    it runs beside the harness's other checks (a process of its own, mostly the Python of its graph's
+    build) until `check_tf1_runtime` collects it."""
     batch = sides.batch(seed=3)
     sides.set_both(sides.start)
     step = sides.modern.step(batch, before=sides.start)
@@ -36,13 +48,32 @@ def check_tf1_runtime(sides: Sides, settings: Settings) -> list[Result]:
     np.savez(in_path, x=batch.x, y=batch.y, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "compare.tf1_runtime", in_path, out_path], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+    log_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1.log")
+    with open(log_path, "w") as log:  # a file, not a pipe: a pipe nobody reads until the end can fill and stall it
+        process = subprocess.Popen([sys.executable, "-m", "compare.tf1_runtime", in_path, out_path], cwd=root,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+    return Launched(process, out_path, log_path, step)
+
+
+def check_tf1_runtime(sides: Sides, launched: Launched) -> list[Result]:
+    """The legacy graph built by the adapter after `disable_v2_behavior()` (compare/tf1_runtime.py),
+    from the start checkpoint, with the masks the modern step drew (`launch`): its loss and gradients
+    against the modern step's (PASS), and one step's moving statistics against the unordered-update
+    predictions (EXPECTED: with ref variables the towers' assign_sub ops on one shared variable are
+    unordered and unlocked, so each element may see its own schedule)."""
+    name = f"{sides.label}legacy on TF1's runtime"
+    try:
+        launched.process.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        launched.stop()
+        raise
+    if launched.process.returncode != 0:
+        with open(launched.log_path) as log:
+            tail = log.read().strip().splitlines()[-1:]
         return [judge(name, sides.pair.name, [], sides.tol.model, ok=False,
                       note=f"compare/tf1_runtime.py failed: {tail}")]
-    out = np.load(out_path, allow_pickle=True)
+    step = launched.step
+    out = np.load(launched.out_path, allow_pickle=True)
     grads = {k[5:]: out[k] for k in out.files if k.startswith("grad:")}
     errors = [tensor_error("loss", out["loss"], step.loss)] + gradient_errors(sides, grads, step.gradients)
     results = [judge(f"{name}: loss and gradients", sides.pair.name, errors, sides.tol.model,
