@@ -86,6 +86,7 @@ class LegacyRun:
         self._decays: Optional[dict[str, float]] = None
         self._tower_grads: Optional[list[list[Any]]] = None
         self._lr_at: Optional[tf1_graph.StepFunction] = None
+        self.started = False
         if start:
             self.start()
 
@@ -98,6 +99,12 @@ class LegacyRun:
         # The optimizer's slots as the program's initializers set them (TF1's RMSProp starts its mean
         # square at 1, Adagrad its accumulator at 0.1): the common start's.
         self.initial_slots = self.sess.run({n: dict(u.slots) for n, u in self.updates.items()})
+        self.read_rule()
+        self.started = True
+
+    def read_rule(self) -> None:
+        """The optimizer's rule, read off its update ops (their hyper-parameters are constants, or
+        evaluated: no variable need be initialised for a rule whose are not computed from one)."""
         kinds = sorted({u.rule for u in self.updates.values()})
         if len(kinds) > 1:
             raise HarnessError(f"the legacy graph updates its variables with several rules "

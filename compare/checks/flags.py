@@ -188,31 +188,43 @@ def describe(read: Callable[..., tuple[list[Rows], list[Rows]]], towers_each: in
 
 def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
     """The built level of the legacy program, from a build of its own with ONE tower (what a flag
-    builds does not depend on the tower count, and a tower less is a build less)."""
+    builds does not depend on the tower count, and a tower less is a build less).  Its variables are
+    not initialised for it (a ResNet-50's initializers take seconds; the settings read are constants,
+    or computed from placeholders and the global step, which is fed): only where a setting reads
+    another variable, or for the step level (`Side.level`)."""
     with shuffle_off():
-        run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed)
+        run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed, start=False)
     try:
-        batch = one_tower_batch(sides, run, seed=1)
-        feed = run.feed(batch, True).feed_dict
-        out: Fingerprint = {Key("dropout_rate", run.dropout_index(d)): round(float(run.sess.run(d.rate, feed)), 7)
-                            for d in run.dropouts if d.tower == 0}
-        decays = run.moving_decays()
-        for u in run.moving:
-            if u.tower in (0, None):
-                out[Key("bn_decay", u.variable.op.name)] = round(decays[u.variable.op.name], 7)
-                out[Key("bn_epsilon", u.variable.op.name)] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
-        rule = run.rule
-        out[Key("optimizer")] = rule_settings(rule)
-        out.update({Key("learning_rate", s): run.learning_rate_at(s) for s in PROBES})
-        if run.shadows:
-            name = sorted(run.shadows)[0]
-            _, _, one_minus = tf1_graph.shadow_update(run.graph, run.shadows[name])
-            decay = tf1_graph.StepFunction(run.graph, one_minus, run.global_step_var, run.sess)
-            out.update({Key("ema_decay", s): round(1 - decay(s), 9) for s in (0, 10 ** 6)})
-        return out, run
+        try:
+            run.read_rule()
+            return built_fingerprint(sides, run), run
+        except tf.errors.FailedPreconditionError:  # a setting computed from a variable: initialise them
+            run.start()
+            return built_fingerprint(sides, run), run
     except BaseException:
         run.close()
         raise
+
+
+def built_fingerprint(sides: Sides, run: LegacyRun) -> Fingerprint:
+    batch = one_tower_batch(sides, run, seed=1)
+    feed = run.feed(batch, True).feed_dict
+    out: Fingerprint = {Key("dropout_rate", run.dropout_index(d)): round(float(run.sess.run(d.rate, feed)), 7)
+                        for d in run.dropouts if d.tower == 0}
+    decays = run.moving_decays()
+    for u in run.moving:
+        if u.tower in (0, None):
+            out[Key("bn_decay", u.variable.op.name)] = round(decays[u.variable.op.name], 7)
+            out[Key("bn_epsilon", u.variable.op.name)] = tf1_graph.batch_norm_epsilon(run.graph, u.value)
+    rule = run.rule
+    out[Key("optimizer")] = rule_settings(rule)
+    out.update({Key("learning_rate", s): run.learning_rate_at(s) for s in PROBES})
+    if run.shadows:
+        name = sorted(run.shadows)[0]
+        _, _, one_minus = tf1_graph.shadow_update(run.graph, run.shadows[name])
+        decay = tf1_graph.StepFunction(run.graph, one_minus, run.global_step_var, run.sess)
+        out.update({Key("ema_decay", s): round(1 - decay(s), 9) for s in (0, 10 ** 6)})
+    return out
 
 
 def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
@@ -262,6 +274,8 @@ def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
     if state.shadows:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
     if isinstance(run, LegacyRun):
+        if not run.started:
+            run.start()
         batch = one_tower_batch(sides, run, seed=12)
         run.restore(state)
         outcome = run.step(batch, fixed(sides, run, batch))
