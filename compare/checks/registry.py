@@ -1,7 +1,8 @@
 """The checks the harness runs, by group, in one table: one typed signature, `(Context) -> list[Result]`.
 
-    REGISTRY            group name -> Group (its progress line, when it runs, its checks in order)
-    run_group(g, ctx)   every check of a group; a check that raises is that check's ERROR result (the
+    REGISTRY            group name -> Group (its progress line, when it runs, its checks in order, and
+                        any work it begins before the pairing's first check: the TF1-runtime process)
+    run_groups(ctx, gs) every check of the groups; a check that raises is that check's ERROR result (the
                         exception and the adapter or program frame it came from), and the group's other
                         checks still run; a batch the legacy program can never receive (NotFed) makes
                         the check NOT APPLICABLE with the adapter's reason
