@@ -50,15 +50,19 @@ from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the
 '''
 
 
-def judged_planted(tmp_path, module, source, *argv):
-    """`compare/run.py --pair module --quick *argv` with the adapter module `source` written to
-    tmp_path: it must exit 1 with no traceback; (its JSON report's results by check, the FAILed checks)."""
+def judged_planted(tmp_path, module, source, *argv, quick=True, output=None):
+    """`compare/run.py --pair module [--quick] *argv` with the adapter module `source` written to
+    tmp_path: it must exit 1 with no traceback; (its JSON report's results by check, the FAILed checks).
+    `output`: a list the run's stdout is appended to."""
     (tmp_path / f"{module}.py").write_text(source)
     report = tmp_path / "parity.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "tests")]))
-    command = [sys.executable, "compare/run.py", "--pair", module, "--quick", *argv, "--report", str(report)]
+    command = [sys.executable, "compare/run.py", "--pair", module, *(["--quick"] if quick else []), *argv,
+               "--report", str(report)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    if output is not None:
+        output.append(done.stdout)
     results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
     return results, sorted(n for n, r in results.items() if r["status"] == "FAIL")
 
@@ -116,3 +120,40 @@ def test_command_line_fails_an_adam_bias_correction_one_step_behind_in_the_optim
     assert {e["name"].split(":")[0] for e in own["errors"] if e["name"].startswith("modern")} == {"modern step 0"}
     assert results["6 training steps: loss and gradients"]["status"] == "PASS"
     assert results["lr schedule"]["status"] == "PASS"
+
+
+PLANTED_REGULARISED_LOSS = '''"""The CIFAR port adding its layers' weight-decay losses to its training loss
+(the original builds slim's regularisers but never adds REGULARIZATION_LOSSES to its loss), one unit
+per block."""
+import tensorflow as tf
+
+from modern import cifar_resnet
+
+
+def replica_gradients(model, x, y_onehot, global_batch_size, weights=None):
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)
+        per_example = tf.nn.softmax_cross_entropy_with_logits(labels=y_onehot, logits=logits)
+        loss = tf.nn.compute_average_loss(per_example, sample_weight=weights, global_batch_size=global_batch_size)
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))  # the mistake
+    return loss, tape.gradient(loss, model.trainable_variables), logits
+
+
+cifar_resnet.replica_gradients = replica_gradients
+
+from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the port planted above)
+'''
+
+
+def test_command_line_fails_a_regularised_loss_against_the_legacy_graph_on_tf1s_runtime(tmp_path):
+    """A mistake planted in the port's own loss (`replica_gradients`, which its train step calls): the
+    weight-decay losses added.  The TF1-runtime process, started before the first check and collected
+    last, FAILs its loss and gradients against the port's step; its moving statistics (the legacy
+    graph's alone) stay EXPECTED; exit 1, no traceback."""
+    output = []
+    results, failed = judged_planted(tmp_path, "planted_regularised", PLANTED_REGULARISED_LOSS, "--only", "tf1",
+                                     quick=False, output=output)
+    assert failed == ["legacy on TF1's runtime: loss and gradients"]
+    assert results["legacy on TF1's runtime: bn moving statistics"]["status"] == "EXPECTED"
+    assert "the legacy graph on TF1's runtime, in its own process (started before the first check)" in output[0]
+    assert results["legacy on TF1's runtime: loss and gradients"]["worst"]["rel_l2"] > 1e-3
