@@ -7,7 +7,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from compare import causes, diagnosis
-from compare.report import BLOCK, Diagnosis, Part, Result, TensorError, judge
+from compare.report import BLOCK, Diagnosis, Part, Result, TensorError, judge, squares
 from compare.sides import Sides, State
 
 FACTOR = 2.0  # the port may drift at most this much faster than the legacy program drifts from itself
@@ -22,7 +22,7 @@ def distance(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
         for i in range(0, x.size, BLOCK):
             d = x[i:i + BLOCK].astype(np.float64)
             d -= y[i:i + BLOCK]
-            total += float(np.dot(d, d))
+            total += squares(d)
     return math.sqrt(total)
 
 

@@ -106,14 +106,15 @@ class RestartStep:
     side_by_side: list[TensorError] = dataclasses.field(default_factory=list)
     legacy_rule: list[TensorError] = dataclasses.field(default_factory=list)
     modern_rule: Optional[list[TensorError]] = None  # None: the port's rule implied at this step (`implied`)
-    gradients: list[TensorError] = dataclasses.field(default_factory=list)  # the loss's and the gradients'
+    loss_error: Optional[TensorError] = None
+    gradient_errors: list[TensorError] = dataclasses.field(default_factory=list)
 
     def parts(self, sides: Sides) -> bool:
         """Whether any tensor of this step measured so far parts beyond its check's tolerance."""
         optimizer, model = sides.tol.optimizer.rel_l2, sides.tol.model.rel_l2
         return (any(not e.rel_l2 <= e.limit(optimizer) for e in
                     self.side_by_side + self.legacy_rule + (self.modern_rule or []))
-                or any(not e.rel_l2 <= e.limit(model) for e in self.gradients))
+                or any(not e.rel_l2 <= e.limit(model) for e in [self.loss_error, *self.gradient_errors] if e))
 
     def lighten(self, moving: Sequence[str]) -> None:
         """Drop the whole-model arrays, once measured, keeping what the checks read later: the loss
@@ -325,9 +326,9 @@ def measure(sides: Sides, r: RestartStep) -> RestartStep:
     r.side_by_side = port_on_legacy_gradient(sides, r)
     r.legacy_rule = optimizer_errors(sides, r, legacy=True, modern=False)
     r.modern_rule = None if implied(sides, r) else optimizer_errors(sides, r, legacy=False, modern=True)
-    r.gradients = [tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss, step=r.step)] + [
-        dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient", step=r.step)
-        for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
+    r.loss_error = tensor_error(f"loss at step {r.step}", r.legacy.loss, r.modern.loss, step=r.step)
+    r.gradient_errors = [dataclasses.replace(e, name=f"step {r.step}: {e.name} gradient", step=r.step)
+                         for e in gradient_errors(sides, r.legacy.gradients, r.modern.gradients)]
     return r
 
 
@@ -431,7 +432,7 @@ def check_lr(sides: Sides, runs: list[RestartStep], points: Optional[list[int]],
 
 
 def check_losses_and_gradients(sides: Sides, runs: list[RestartStep], suffix: str) -> Result:
-    errors = [r.gradients[0] for r in runs] + [e for r in runs for e in r.gradients[1:]]
+    errors = [r.loss_error for r in runs if r.loss_error] + [e for r in runs for e in r.gradient_errors]
     return judge(f"{sides.label}{len(runs)} training step{plural(runs)}: loss and gradients{suffix}", sides.pair.name,
                  errors, sides.tol.model,
                  note=f"each step from the legacy state; modern gradients {runs[-1].modern.source}",
