@@ -50,6 +50,9 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
                    log: Log) -> list[tuple[Sides, list[str]]]:
     """Every pairing the settings run, built (both sides), with its derived tolerances."""
     built: list[tuple[Sides, list[str]]] = []
+
+    def derive(sides: Sides) -> None:  # on the legacy side alone, beside the modern build
+        sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
     modern_by_argv: dict[tuple[str, ...], sides_module.ModernRun] = {}
     start_path = None
     for pairing in pair.pairings:
@@ -62,8 +65,7 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
             with basics.shuffle_off():
                 sides = sides_module.build(pair, pairing, settings.towers, files, tmp_dir, settings.seed,
                                            checkpoint=settings.checkpoint, start_path=start_path, log=log,
-                                           modern=modern_by_argv.get(pairing.modern_argv))
-            sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
+                                           modern=modern_by_argv.get(pairing.modern_argv), ready=derive)
         except (AdapterError, HarnessError):
             close(built)
             raise

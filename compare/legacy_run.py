@@ -15,7 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -329,18 +329,25 @@ def check_graph(lg: LegacyGraph, towers: int) -> None:
 
 @contextlib.contextmanager
 def started_beside(legacy: LegacyRun) -> Iterator[None]:
-    """`legacy.start()` in a thread of its own for the duration of the block, and what it raised
-    raised after it: a TF1 session run holds no GIL, so the first run of a large graph (its import into
-    the session, pruning, Grappler) goes on beside the Python work of the block (the modern build)."""
+    """`legacy.start()` beside the block (`beside`)."""
+    with beside(legacy.start):
+        yield
+
+
+@contextlib.contextmanager
+def beside(work: Callable[[], Any]) -> Iterator[None]:
+    """`work()` in a thread of its own for the duration of the block, and what it raised raised after
+    it: a TF1 session run holds no GIL, so the legacy program's first runs of a large graph (its import
+    into the session, pruning, Grappler) go on beside the Python work of the block (the modern build)."""
     failed: list[BaseException] = []
 
-    def start() -> None:
+    def run() -> None:
         try:
-            legacy.start()
+            work()
         except BaseException as error:  # noqa: B036 (re-raised in the caller's thread)
             failed.append(error)
 
-    thread = threading.Thread(target=start, name="legacy-start", daemon=True)
+    thread = threading.Thread(target=run, name="legacy-start", daemon=True)
     thread.start()
     try:
         yield

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
 
 from compare import common, tf1_graph
 from compare.interface import Batch, DataFiles, NotFed, Pair, Pairing
-from compare.legacy_run import HarnessError, LegacyRun, TowerRows, started_beside
+from compare.legacy_run import HarnessError, LegacyRun, TowerRows, beside
 from compare.modern_run import ModernRun, check_variable_map
 from compare.state import Masks, ReplicaBatch, State, StepOutcome, replica_rows, row_index, row_key
 from compare.report import Tolerances
@@ -122,52 +122,68 @@ class Sides:
 
 def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: str, seed: int = 0,
           checkpoint: Optional[str] = None, start_path: Optional[str] = None, log: Callable[[str], None] = print,
-          modern: Optional[ModernRun] = None) -> Sides:
+          modern: Optional[ModernRun] = None, ready: Optional[Callable[[Sides], None]] = None) -> Sides:
     """Both sides of one pairing, from the same start: the legacy graph's fresh weights (moving
     statistics randomised: fresh ones, 0 and 1, would hide a wrong batch-norm epsilon or variance
     formula in inference mode), `checkpoint` (a TF1 checkpoint of the legacy program), or
     `start_path` (the start another pairing wrote).  `modern`: a ModernRun of another pairing with
     the same modern arguments, reused (the model and its traced steps do not depend on the legacy
-    side's arguments)."""
+    side's arguments).  `ready(sides)`: work on the legacy side alone once the start is set (the
+    harness derives the tolerances there).  The legacy side's start and `ready` run beside the modern
+    build, where there is one: its Python and their session runs share the machine."""
     common_argv = tuple(pair.harness_argv(towers))
     legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *common_argv, *pairing.legacy_argv])
     modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(towers), *common_argv, *pairing.modern_argv])
     log(f"{pair.name}: {pairing.label + ': ' if pairing.label else ''}building the legacy graph ({towers} towers)")
-    legacy = LegacyRun(pair, legacy_flags, towers, files, seed, start=modern is not None)
-    if modern is None:
-        strategy = None if getattr(pair.modern, "makes_its_strategy", False) else common.make_strategy(towers)
-        log(f"{pair.name}: building the modern model ({towers} replicas)")
-        try:
-            with started_beside(legacy):  # the legacy initializers run while the modern model is built
-                modern = ModernRun(pair, modern_flags, strategy, files, legacy)
-        except BaseException:
-            legacy.close()
-            raise
-        replicas = modern.strategy.num_replicas_in_sync
-        if replicas != towers:
-            legacy.close()
-            raise HarnessError(f"the port runs {replicas} replicas where the legacy program runs {towers} towers: "
-                               f"is {pair.modern.replica_flag} its replica flag?")
-    else:
-        check_variable_map(modern.names, legacy, modern.model)
-    if pairing.same_rows_on_every_tower is None:
-        pairing = dataclasses.replace(pairing, same_rows_on_every_tower=every_tower_whole(pair, legacy, towers))
-    sides = Sides(pair, pairing, towers, legacy, modern, files, tmp_dir, seed)
-    path = start_path or checkpoint
+    legacy = LegacyRun(pair, legacy_flags, towers, files, seed, start=False)
+    try:
+        if pairing.same_rows_on_every_tower is None:
+            pairing = dataclasses.replace(pairing, same_rows_on_every_tower=every_tower_whole(pair, legacy, towers))
+        sides = Sides(pair, pairing, towers, legacy, cast(ModernRun, modern), files, tmp_dir, seed)
+
+        def set_up() -> None:
+            legacy.start()
+            set_start(sides, checkpoint, start_path)
+            if ready is not None:
+                ready(sides)
+        if modern is None:
+            strategy = None if getattr(pair.modern, "makes_its_strategy", False) else common.make_strategy(towers)
+            log(f"{pair.name}: building the modern model ({towers} replicas)")
+            with beside(set_up):
+                sides.modern = ModernRun(pair, modern_flags, strategy, files, legacy)
+            replicas = sides.modern.strategy.num_replicas_in_sync
+            if replicas != towers:
+                raise HarnessError(f"the port runs {replicas} replicas where the legacy program runs {towers} "
+                                   f"towers: is {pair.modern.replica_flag} its replica flag?")
+        else:
+            check_variable_map(modern.names, legacy, modern.model)
+            set_up()
+    except BaseException:
+        legacy.close()
+        raise
+    return sides
+
+
+def set_start(sides: Sides, checkpoint: Optional[str], start_path: Optional[str]) -> None:
+    """The legacy side at the pairing's start (see `build`), its checkpoint written, `sides.start` read."""
+    legacy, path = sides.legacy, start_path or checkpoint
     if path:
         try:
             with legacy.graph.as_default():
                 legacy.saver.restore(legacy.sess, path)
         except (tf.errors.OpError, ValueError) as e:
-            legacy.close()
-            raise HarnessError(f"the checkpoint {path} does not fit the legacy graph of {pair.name}: "
+            raise HarnessError(f"the checkpoint {path} does not fit the legacy graph of {sides.pair.name}: "
                                f"{str(e).strip().splitlines()[0][:200]}") from None
     elif legacy.moving:
-        randomise_moving_statistics(legacy, seed)
-    sides.start_path = start_path or legacy.save(os.path.join(tmp_dir, f"{pair.name}_start.ckpt"))
+        randomise_moving_statistics(legacy, sides.seed)
+    sides.start_path = start_path or legacy.save(os.path.join(sides.tmp_dir, f"{sides.pair.name}_start.ckpt"))
+    sides.start = state_now(legacy)
+
+
+def state_now(legacy: LegacyRun) -> State:
+    """The legacy program's weights now, as a start: its initial slots, step 0, shadows at the weights."""
     weights = legacy.sess.run({n: legacy.by_name[n] for n in legacy.model})
-    sides.start = State(weights, legacy.initial_slots, 0, {n: weights[n] for n in legacy.shadows} or None)
-    return sides
+    return State(weights, legacy.initial_slots, 0, {n: weights[n] for n in legacy.shadows} or None)
 
 
 def every_tower_whole(pair: Pair, legacy: LegacyRun, towers: int) -> bool:
