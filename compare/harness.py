@@ -8,9 +8,10 @@ refused with one line naming it (AdapterError, HarnessError) before a single che
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from compare import common
 from compare import sides as sides_module
@@ -40,10 +41,18 @@ def load_adapter(module_name: str, programs: Optional[Programs] = None) -> Pair:
                            f"current folder or installed") from None
     if not hasattr(module, "PAIR"):
         raise AdapterError(f"--pair {module_name}: the module defines no PAIR (see compare/interface.py)")
-    made = module.make_pair(programs) if programs is not None and hasattr(module, "make_pair") else module.PAIR
-    pair = validate(made, module_name)
+    made_of = programs is not None and hasattr(module, "make_pair")
+    pair = validate(module.make_pair(programs) if made_of else module.PAIR, module_name)
     pair.module = module_name
+    if made_of and programs is not None:
+        pair.programs = {f.name: getattr(programs, f.name).__name__ for f in dataclasses.fields(programs)}
     return pair
+
+
+def reload_pair(module_name: str, programs: Mapping[str, str]) -> Pair:
+    """The pair `load_adapter` loaded, loaded again in another process: from its adapter module and
+    the programs it was made of (`Pair.module`, `Pair.programs`)."""
+    return load_adapter(module_name, Programs.load(**programs) if programs else None)
 
 
 def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: str,

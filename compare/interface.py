@@ -352,6 +352,9 @@ class Pair:
     extra_checks: Optional[Callable[..., list]] = None
     description: str = ""
     module: str = ""  # the adapter module's name (set by the harness when it loads the adapter)
+    # role -> module of the programs a seed adapter's make_pair was given (set by the harness), so that a
+    # process of the harness's own can load the same pair again (compare.harness.reload_pair)
+    programs: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def optional(side: object, method: str) -> Optional[Callable[..., Any]]:

@@ -32,7 +32,7 @@ def main(in_path: str, out_path: str) -> None:
 
     data = np.load(in_path, allow_pickle=True)
     meta = json.loads(str(data["meta"]))
-    pair = harness.load_adapter(meta["adapter"])
+    pair = harness.reload_pair(meta["adapter"], meta.get("programs", {}))
     pairing = next(p for p in pair.pairings if p.label == meta["pairing"])
     towers = int(meta["towers"])
     flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *meta["argv"], *pairing.legacy_argv])

@@ -45,3 +45,23 @@ def test_no_process_is_begun_for_a_group_that_does_not_run(monkeypatch):
     monkeypatch.setattr(tf1, "launch", lambda sides, settings: calls.append(settings))
     assert run(["tf1"], Settings(quick=True)) == [] and run([]) == []  # --quick runs no TF1-runtime process
     assert calls == []
+
+
+def test_a_group_that_began_work_is_collected_after_the_others_and_reported_in_its_place(monkeypatch):
+    from compare.checks import flags, forward, shuffle
+    from compare.report import not_applicable
+    calls = []
+
+    def check(name):
+        def run(*args):
+            calls.append(name)
+            return not_applicable(name, "m", "stand-in")
+        return run
+    monkeypatch.setattr(flags, "launch", lambda sides: "begun")
+    monkeypatch.setattr(flags, "collect", lambda sides, begun, log: check(f"flags ({begun})")())
+    monkeypatch.setattr(shuffle, "check_shuffle", check("shuffle"))
+    monkeypatch.setattr(forward, "check_inference", check("inference"))
+    monkeypatch.setattr(forward, "check_dropout", check("dropout"))
+    results = run(["shuffle", "flags", "forward"])
+    assert calls == ["shuffle", "inference", "dropout", "flags (begun)"]  # flags' process ran beside the others
+    assert [r.check for r in results] == ["shuffle", "flags (begun)", "inference", "dropout"]  # GROUPS order

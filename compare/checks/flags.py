@@ -16,28 +16,36 @@ changes nothing on its side: FAIL, naming the flag and the side), and what chang
 the sides where the two are comparable (the rows of each step, the rates, the schedule).  What a
 program builds differently from one build to the next (an unseeded shuffle) is measured by building it
 twice with the same flags, and left out.
+
+Where each build takes seconds (a legacy graph of APART_OPERATIONS a tower or more: ResNet-v2-50), the
+check runs in a process of its own (compare/flags_process.py), started before the pairing's first
+check so that its builds (one core's Python) go on beside the other checks, and its Result is read
+back in its place (`launch`, `collect`); a process that fails leaves the check to the harness's.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
+import os
 from typing import Any, NamedTuple
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
-from compare import common, optimizers, tf1_graph
+from compare import common, optimizers, process, report, tf1_graph
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off, tower_dests
 from compare.measures import modern_rate_at
 from compare.legacy_run import LegacyRun
 from compare.modern_run import ModernRun
 from compare.report import TensorError, judge, not_applicable
 from compare.checks.basics import Rows
-from compare.interface import Batch, NotFed, settings
+from compare.interface import Batch, DataFiles, NotFed, Pair, Pairing, settings
 from compare.interface import optional
 from compare.report import Result
-from compare.sides import Sides, row_key
-from compare.state import Masks
+from compare.sides import Sides, row_key, state_now
+from compare.state import Masks, State
 
 tf1 = tf.compat.v1
 PIPELINE_STEPS = 200   # at most this many training steps read (a pipeline that repeats forever)
@@ -186,21 +194,26 @@ def describe(read: Callable[..., tuple[list[Rows], list[Rows]]], towers_each: in
     }
 
 
-def legacy_built(sides: Sides, flags: Any) -> tuple[Fingerprint, LegacyRun]:
-    """The built level of the legacy program, from a build of its own with ONE tower (what a flag
-    builds does not depend on the tower count, and a tower less is a build less).  Its variables are
-    not initialised for it (a ResNet-50's initializers take seconds; the settings read are constants,
-    or computed from placeholders and the global step, which is fed): only where a setting reads
-    another variable, or for the step level (`Side.level`)."""
+def legacy_build(pair: Pair, flags: Any, files: DataFiles, seed: int) -> LegacyRun:
+    """The legacy program, built with ONE tower (what a flag builds does not depend on the tower
+    count, and a tower less is a build less).  Its variables are not initialised for it (a ResNet-50's
+    initializers take seconds; the settings read are constants, or computed from placeholders and the
+    global step, which is fed): only where a setting reads another variable, or for the step level
+    (`Side.level`)."""
     with shuffle_off():
-        run = LegacyRun(sides.pair, flags, 1, sides.files, sides.seed, start=False)
+        return LegacyRun(pair, flags, 1, files, seed, start=False)
+
+
+def legacy_built(sides: Sides, run: LegacyRun) -> Fingerprint:
+    """The built level of the legacy program, read off `run` (closed if that fails)."""
     try:
         try:
-            run.read_rule()
-            return built_fingerprint(sides, run), run
+            if not run.started:
+                run.read_rule()
+            return built_fingerprint(sides, run)
         except tf.errors.FailedPreconditionError:  # a setting computed from a variable: initialise them
             run.start()
-            return built_fingerprint(sides, run), run
+            return built_fingerprint(sides, run)
     except BaseException:
         run.close()
         raise
@@ -227,10 +240,14 @@ def built_fingerprint(sides: Sides, run: LegacyRun) -> Fingerprint:
     return out
 
 
-def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
-    """The built level of the modern program, from a build of its own on ONE replica."""
+def modern_build(pair: Pair, flags: Any, files: DataFiles, legacy: LegacyRun) -> ModernRun:
+    """The modern program, built on ONE replica (its variables paired with `legacy`'s)."""
     with shuffle_off():
-        run = ModernRun(sides.pair, flags, common.make_strategy(1), sides.files, sides.legacy)
+        return ModernRun(pair, flags, common.make_strategy(1), files, legacy)
+
+
+def modern_built(run: ModernRun) -> Fingerprint:
+    """The built level of the modern program, read off `run`."""
     out: Fingerprint = {Key("dropout_rate", k): round(float(np.float32(layer.rate)), 7)
                         for k, layer in enumerate(run.dropouts)}
     by_id = {id(v): n for n, v in run.names.items()}
@@ -241,7 +258,7 @@ def modern_built(sides: Sides, flags: Any) -> tuple[Fingerprint, ModernRun]:
     rule = run.rule
     out[Key("optimizer")] = rule_settings(rule) if rule.known else settings_of(run.optimizer)
     out.update({Key("learning_rate", s): float(np.float32(modern_rate_at(run, s))) for s in PROBES})
-    return out, run
+    return out
 
 
 def rule_settings(rule: optimizers.Rule) -> tuple[Any, ...]:
@@ -266,11 +283,11 @@ def one_tower_batch(sides: Sides, run: LegacyRun, seed: int) -> Batch:
     return sides.batch(rows=rows, seed=seed)
 
 
-def step_result(sides: Sides, run: Union[LegacyRun, ModernRun]) -> Fingerprint:
+def step_result(sides: Sides, run: Union[LegacyRun, ModernRun], start: State) -> Fingerprint:
     """One training step from the common start, at a step past any warm-up (10^6) and with the shadows
     moved off the weights, so that their update shows the decay, on fixed rows: loss, gradients' norm,
     shadows after."""
-    state = sides.start.replace(step=10 ** 6)
+    state = start.replace(step=10 ** 6)
     if state.shadows:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
     if isinstance(run, LegacyRun):
@@ -304,12 +321,14 @@ def fixed(sides: Sides, run: LegacyRun, batch: Batch) -> Masks:
 # ---------------------------------------------------------------------------------------------
 
 class Side:
-    """One side's fingerprints under some flags, computed level by level on demand."""
+    """One side's fingerprints under some flags, computed level by level on demand; `run`: the side
+    built under these flags already, `start`: the common start (for the step level)."""
 
-    def __init__(self, sides: Sides, name: str, flags: Any):
-        self.sides, self.name, self.flags = sides, name, flags
+    def __init__(self, sides: Sides, name: str, flags: Any, start: Callable[[], State],
+                 run: Optional[Union[LegacyRun, ModernRun]] = None):
+        self.sides, self.name, self.flags, self.start = sides, name, flags, start
         self._levels: dict[str, Fingerprint] = {}
-        self._run: Optional[Union[LegacyRun, ModernRun]] = None
+        self._run = run
 
     def level(self, which: str) -> Fingerprint:
         if which not in self._levels:
@@ -317,12 +336,21 @@ class Side:
                 self._levels[which] = (legacy_pipeline if self.name == "legacy" else modern_pipeline)(
                     self.sides, self.flags)
             elif which == "built":
-                self._levels[which], self._run = (legacy_built if self.name == "legacy" else modern_built)(
-                    self.sides, self.flags)
+                sides = self.sides
+                if self.name == "legacy":
+                    legacy = self._run if isinstance(self._run, LegacyRun) else legacy_build(
+                        sides.pair, self.flags, sides.files, sides.seed)
+                    self._run = legacy
+                    self._levels[which] = legacy_built(sides, legacy)
+                else:
+                    modern = self._run if isinstance(self._run, ModernRun) else modern_build(
+                        sides.pair, self.flags, sides.files, sides.legacy)
+                    self._run = modern
+                    self._levels[which] = modern_built(modern)
             else:
                 self.level("built")
                 assert self._run is not None
-                self._levels[which] = step_result(self.sides, self._run)
+                self._levels[which] = step_result(self.sides, self._run, self.start())
         return self._levels[which]
 
     def close(self) -> None:
@@ -390,11 +418,18 @@ def judge_flag(argv: Sequence[str], found: dict[str, list[Key]], differ: list[st
                        float(len(found.get("modern", []))), 0.0 if not missing and not differ else math.inf)
 
 
-def check_flags(sides: Sides) -> Result:
-    """See the module docstring."""
+def base_argv(pair: Pair, pairing: Pairing, towers: int) -> tuple[list[str], list[str]]:
+    """The legacy and the modern program's arguments in this pairing (the harness's)."""
+    return ([pair.legacy.tower_flag, str(towers), *pair.harness_argv(towers), *pairing.legacy_argv],
+            [pair.modern.replica_flag, str(towers), *pair.harness_argv(towers), *pairing.modern_argv])
+
+
+def check_flags(sides: Sides, baseline_built: bool = False) -> Result:
+    """See the module docstring.  baseline_built: `sides` are the programs built under the harness's
+    flags with one tower, as this check builds them (`apart_sides`, in a process of the check's own),
+    taken as its baseline; their start is read when a step level needs it."""
     pair, name = sides.pair, f"{sides.label}flags through what they build"
-    base_l = [pair.legacy.tower_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.legacy_argv]
-    base_m = [pair.modern.replica_flag, str(sides.towers), *pair.harness_argv(sides.towers), *sides.pairing.modern_argv]
+    base_l, base_m = base_argv(pair, sides.pairing, sides.towers)
     parse_l = lambda argv: parse_quietly(pair.legacy.parse_args, argv)  # noqa: E731
     parse_m = lambda argv: parse_quietly(pair.modern.parse_args, argv)  # noqa: E731
     skip = set(pair.own_flags) | set(pair.loop_flags) | tower_dests(pair.legacy.parse_args, pair.legacy.tower_flag) \
@@ -404,8 +439,13 @@ def check_flags(sides: Sides) -> Result:
         return not_applicable(name, pair.name, "the programs share no flag besides the tower count and those "
                                                "the adapter lists as loop-only or each program's own")
     given = groups_of(pair.flag_values)
-    baseline = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
-    again = {"legacy": Side(sides, "legacy", parse_l(base_l)), "modern": Side(sides, "modern", parse_m(base_m))}
+    start = functools.cache(lambda: start_of(sides)) if baseline_built else lambda: sides.start
+
+    def sides_under(flags_l: Any, flags_m: Any, built: bool = False) -> Sides2:
+        return {"legacy": Side(sides, "legacy", flags_l, start, sides.legacy if built else None),
+                "modern": Side(sides, "modern", flags_m, start, sides.modern if built else None)}
+    baseline = sides_under(parse_l(base_l), parse_m(base_m), baseline_built)
+    again = sides_under(parse_l(base_l), parse_m(base_m))
     errors, notes, opened = [], [], list(baseline.values()) + list(again.values())
     unfed: list[str] = []
     unseen: list[str] = []  # flags that change nothing on a side
@@ -417,7 +457,7 @@ def check_flags(sides: Sides) -> Result:
                 errors.append(TensorError(f"--{flag}: no value other than the harness's that both programs take "
                                           f"(give one in Pair.flag_values)", 1.0, 1.0, math.inf))
                 continue
-            trial = {"legacy": Side(sides, "legacy", flags_l), "modern": Side(sides, "modern", flags_m)}
+            trial = sides_under(flags_l, flags_m)
             opened += list(trial.values())
             try:
                 found, seen_at = first_changes(baseline, again, trial)
@@ -446,3 +486,82 @@ def check_flags(sides: Sides) -> Result:
                       + (f"; not judged here, each for the pair's reason: {loop}" if loop else "")
                       + (f"; not judged, no batch of the harness's fits what they build: {'; '.join(unfed)}"
                          if unfed else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# In a process of its own
+
+# A legacy graph of this many operations a tower or more: each build takes seconds (ResNet-v2-50: ~11,000
+# a tower, 4-5 s a one-tower build on one core; at one unit per block ~3,500, 1.5 s), and the check runs
+# beside the others.  A count, not a time: the same pairs take the same path on every machine.
+APART_OPERATIONS = 6000
+
+
+class Apart(NamedTuple):
+    """This check, started in a process of its own (compare/flags_process.py): where it writes."""
+    started: process.Started
+    out_path: str
+
+    def stop(self) -> None:
+        self.started.stop()
+
+
+def launch(sides: Sides) -> Optional[Apart]:
+    """This check started in a process of its own, beside the pairing's other checks, where its
+    builds take seconds each (a legacy graph of APART_OPERATIONS a tower or more) and the pair can be
+    loaded again there (from its adapter module); None where it runs in the harness's process.  The
+    process builds the programs under the harness's flags for its baseline, its programs' outputs go to
+    a scratch folder of its own, and the common start is read from the start checkpoint."""
+    if not sides.pair.module or len(sides.legacy.graph.get_operations()) < APART_OPERATIONS * sides.towers:
+        return None
+    stem = os.path.join(sides.tmp_dir, f"{sides.pair.name}{'_' + sides.pairing.label if sides.pairing.label else ''}"
+                                       f"_flags")
+    files = dict(sides.files, scratch=stem + "_scratch")
+    os.makedirs(files["scratch"], exist_ok=True)
+    meta = {"adapter": sides.pair.module, "programs": dict(sides.pair.programs), "pairing": sides.pairing.label,
+            "same_rows": sides.pairing.same_rows_on_every_tower, "towers": sides.towers, "seed": sides.seed,
+            "files": files, "tmp_dir": sides.tmp_dir, "start": sides.start_path}
+    with open(stem + "_in.json", "w") as f:
+        json.dump(meta, f)
+    return Apart(process.start("compare.flags_process", [stem + "_in.json", stem + "_out.json"], stem + ".log"),
+                 stem + "_out.json")
+
+
+def collect(sides: Sides, begun: Any, log: Callable[[str], None]) -> Result:
+    """This check's result, read back from the process `launch` began; run here where none was begun,
+    or where it failed (the progress log says how)."""
+    if isinstance(begun, Apart):
+        code = begun.started.wait(timeout=3600)
+        if code == 0 and os.path.exists(begun.out_path):
+            return report.read_json(begun.out_path)[0]
+        log(f"{sides.pair.name}: {sides.label}the flags check's own process ended with exit code {code} "
+            f"({begun.started.last_line()[:200]}): the check runs here")
+    elif isinstance(begun, BaseException):
+        log(f"{sides.pair.name}: {sides.label}the flags check's own process could not start "
+            f"({type(begun).__name__}: {begun}): the check runs here")
+    return check_flags(sides)
+
+
+def apart_sides(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: str, seed: int,
+                start_path: str) -> Sides:
+    """In the check's own process: the programs built under the harness's flags, as the check builds
+    them (one tower, one replica), for `check_flags(sides, baseline_built=True)`."""
+    base_l, base_m = base_argv(pair, pairing, towers)
+    legacy = legacy_build(pair, pair.legacy.parse_args(base_l), files, seed)
+    try:
+        modern = modern_build(pair, pair.modern.parse_args(base_m), files, legacy)
+    except BaseException:
+        legacy.close()
+        raise
+    return Sides(pair, pairing, towers, legacy, modern, files, tmp_dir, seed, start_path=start_path)
+
+
+def start_of(sides: Sides) -> State:
+    """The common start, read from the start checkpoint the harness wrote (`sides.start_path`) through
+    the legacy program built here."""
+    legacy = sides.legacy
+    if not legacy.started:
+        legacy.start()
+    with legacy.graph.as_default():
+        legacy.saver.restore(legacy.sess, sides.start_path)
+    return state_now(legacy)

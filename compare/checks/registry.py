@@ -1,7 +1,8 @@
 """The checks the harness runs, by group, in one table: one typed signature, `(Context) -> list[Result]`.
 
     REGISTRY            group name -> Group (its progress line, when it runs, its checks in order, and
-                        any work it begins before the pairing's first check: the TF1-runtime process)
+                        any work it begins before the pairing's first check: the TF1-runtime process,
+                        the flags check's own process)
     run_groups(ctx, gs) every check of the groups; a check that raises is that check's ERROR result (the
                         exception and the adapter or program frame it came from), and the group's other
                         checks still run; a batch the legacy program can never receive (NotFed) makes
@@ -80,6 +81,17 @@ def tf1_launch(ctx: Context) -> Optional[tf1.Launched]:
     return tf1.launch(ctx.sides, ctx.settings) if "tf1_runtime" in ctx.sides.pair.capabilities else None
 
 
+def flags_launch(ctx: Context) -> Optional[flags.Apart]:
+    """The flags check's own process, where its builds are slow (compare.checks.flags.launch)."""
+    return flags.launch(ctx.sides)
+
+
+def flags_title(ctx: Context) -> str:
+    apart = isinstance(ctx.started.get("flags"), flags.Apart)
+    return ("every shared flag at another value, through what each program builds"
+            + (" (in its own process, started before the first check)" if apart else ""))
+
+
 def tf1_runtime(ctx: Context) -> list[Result]:
     """The legacy graph on TF1's runtime, where the adapter declares it can be built there."""
     if "tf1_runtime" not in ctx.sides.pair.capabilities:
@@ -113,8 +125,9 @@ REGISTRY: dict[str, Group] = {g.name: g for g in (
         Check("structure (regularised, averaged, trained)", lambda ctx: [structure.check_structure(ctx.sides)]),)),
     Group("shuffle", lambda ctx: "both training pipelines, shuffled, over two epochs", always, (
         Check("shuffled pipelines (two epochs)", lambda ctx: [shuffle.check_shuffle(ctx.sides)]),)),
-    Group("flags", lambda ctx: "every shared flag at another value, through what each program builds", not_quick, (
-        Check("flags through what they build", lambda ctx: [flags.check_flags(ctx.sides)]),)),
+    Group("flags", flags_title, not_quick, (
+        Check("flags through what they build",
+              lambda ctx: [flags.collect(ctx.sides, ctx.started.get("flags"), ctx.log)]),), start=flags_launch),
     Group("forward", lambda ctx: "inference, dropout", always, (
         Check("forward (inference)", lambda ctx: [forward.check_inference(ctx.sides)]),
         Check("dropout (training mode)", lambda ctx: [forward.check_dropout(ctx.sides)]))),
@@ -147,9 +160,10 @@ assert tuple(REGISTRY) == GROUPS, "every group in compare.interface.GROUPS, in i
 
 
 def run_groups(ctx: Context, groups: list[str]) -> list[Result]:
-    """The checks of `groups` (in GROUPS order) that run under the settings; first, what the groups
-    that run begin beside the others (`Group.start`), stopped at the end if a group left it running."""
-    out: list[Result] = []
+    """The checks of `groups` that run under the settings, their results in GROUPS order; first, what
+    the groups that run begin beside the others (`Group.start`), those groups' checks run last (they
+    collect it), and what is left running is stopped at the end."""
+    results: dict[str, list[Result]] = {}
     running = [REGISTRY[name] for name in GROUPS if name in groups and REGISTRY[name].runs(ctx)]
     for group in running:
         if group.start is not None:
@@ -158,17 +172,17 @@ def run_groups(ctx: Context, groups: list[str]) -> list[Result]:
             except Exception as error:  # noqa: BLE001 - the group's check reports it, as an ERROR
                 ctx.started[group.name] = error
     try:
-        for group in running:
+        for group in sorted(running, key=lambda g: g.start is not None):  # stable: GROUPS order otherwise
             title = group.title(ctx)
             if title:
                 ctx.log(f"{ctx.sides.pair.name}: {ctx.sides.label}{title}")
-            for check in group.checks:
-                out += run_check(check.name, functools.partial(check.run, ctx), ctx.sides.label, ctx.sides.pair.name)
+            results[group.name] = [r for check in group.checks for r in run_check(
+                check.name, functools.partial(check.run, ctx), ctx.sides.label, ctx.sides.pair.name)]
     finally:
         for begun in ctx.started.values():
             if hasattr(begun, "stop"):
                 begun.stop()
-    return out
+    return [r for group in running for r in results[group.name]]
 
 
 def run_check(name: str, run: Callable[[], list[Result]], label: str, model: str) -> list[Result]:

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from compare import process
 from compare.checks.forward import gradient_errors
 from compare.report import judge, tensor_error
 from compare.report import Result, Tolerance
@@ -18,17 +17,15 @@ from compare.state import StepOutcome
 
 
 class Launched(NamedTuple):
-    """The TF1-runtime process, started: what it was given, and the modern step it is compared with."""
-    process: subprocess.Popen
+    """The TF1-runtime process, started (compare.process): where it writes, and the modern step it is
+    compared with."""
+    started: process.Started
     out_path: str
-    log_path: str
     step: StepOutcome
 
     def stop(self) -> None:
         """End the process if it still runs (a run that ends before collecting it)."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        self.started.stop()
 
 
 def launch(sides: Sides, settings: Settings) -> Launched:
@@ -41,18 +38,15 @@ def launch(sides: Sides, settings: Settings) -> Launched:
     masks = sides.masks_for(batch, step) or []
     in_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_in.npz")
     out_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_out.npz")
-    meta = {"adapter": sides.pair.module, "pairing": sides.pairing.label, "towers": sides.towers,
-            "seed": sides.seed, "start": sides.start_path, "files": dict(sides.files), "dropouts": len(masks),
-            "repeats": settings.tf1_repeats, "argv": list(sides.pair.harness_argv(sides.towers))}
+    meta = {"adapter": sides.pair.module, "programs": dict(sides.pair.programs), "pairing": sides.pairing.label,
+            "towers": sides.towers, "seed": sides.seed, "start": sides.start_path, "files": dict(sides.files),
+            "dropouts": len(masks), "repeats": settings.tf1_repeats,
+            "argv": list(sides.pair.harness_argv(sides.towers))}
     arrays = {f"mask:{k}": np.array(per_tower, dtype=object) for k, per_tower in enumerate(masks)}
     np.savez(in_path, x=batch.x, y=batch.y, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    log_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1.log")
-    with open(log_path, "w") as log:  # a file, not a pipe: a pipe nobody reads until the end can fill and stall it
-        process = subprocess.Popen([sys.executable, "-m", "compare.tf1_runtime", in_path, out_path], cwd=root,
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
-    return Launched(process, out_path, log_path, step)
+    started = process.start("compare.tf1_runtime", [in_path, out_path],
+                            os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1.log"))
+    return Launched(started, out_path, step)
 
 
 def check_tf1_runtime(sides: Sides, launched: Launched) -> list[Result]:
@@ -62,16 +56,9 @@ def check_tf1_runtime(sides: Sides, launched: Launched) -> list[Result]:
     predictions (EXPECTED: with ref variables the towers' assign_sub ops on one shared variable are
     unordered and unlocked, so each element may see its own schedule)."""
     name = f"{sides.label}legacy on TF1's runtime"
-    try:
-        launched.process.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        launched.stop()
-        raise
-    if launched.process.returncode != 0:
-        with open(launched.log_path) as log:
-            tail = log.read().strip().splitlines()[-1:]
+    if launched.started.wait(timeout=900) != 0:
         return [judge(name, sides.pair.name, [], sides.tol.model, ok=False,
-                      note=f"compare/tf1_runtime.py failed: {tail}")]
+                      note=f"compare/tf1_runtime.py failed: {[launched.started.last_line()]}")]
     step = launched.step
     out = np.load(launched.out_path, allow_pickle=True)
     grads = {k[5:]: out[k] for k in out.files if k.startswith("grad:")}
