@@ -115,6 +115,13 @@ class Sides:
         self.modern.restore(state, lr)
         return lr
 
+    def set_modern(self, state: State) -> float:
+        """The modern side alone to `state`, where only the port runs next (the legacy variables, a
+        few hundred MB to write, are left as they are); returns the legacy rate at its step."""
+        lr = self.legacy.learning_rate_at(state.step)
+        self.modern.restore(state, lr)
+        return lr
+
     def close(self) -> None:
         self.legacy.close()
         self.modern.close()

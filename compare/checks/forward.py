@@ -345,7 +345,7 @@ def check_free_variables(sides: Sides) -> Result:
         for s, value in zip(sides.modern.seeds, seeds):
             s.assign(value)
         state = sides.start.replace(weights=weights)
-        sides.set_both(state)
+        sides.set_modern(state)
         losses.append(sides.modern.step(batch, before=state).loss)
     return judge(name, sides.pair.name, [tensor_error("loss", losses[1], losses[0])], sides.tol.model,
                  note=f"{len(free)} biases each moved by +-0.1: the training loss is the same")

@@ -122,7 +122,7 @@ def check_uneven(sides: Sides) -> list[Result]:
     results = [judge_cut(sides, rows, UNEVEN, seed=6)]
     if sides.legacy.lg.feed_towers is not None:
         batch = sides.batch(rows, seed=6)
-        sides.set_both(sides.start)
+        sides.set_modern(sides.start)  # the legacy towers are set by check_replica_rows
         step = sides.modern.step(batch, before=sides.start)
         results.append(check_replica_rows(sides, batch, step, UNEVEN))
     return results
@@ -195,7 +195,7 @@ def check_equal_weights(sides: Sides, batch: Batch, feed: TowerFeed, legacy: Ste
     for rows, w in zip(feed.rows, feed.weights):
         if not len(rows) or not w:
             continue
-        sides.set_both(sides.start)
+        sides.set_modern(sides.start)
         part = modern.step(batch.take(np.asarray(rows, int)), before=sides.start)
         loss_p += w * part.loss
         grads_p = {k: grads_p[k] + w * np.asarray(part.gradients[k], np.float64) for k in grads_p}
@@ -268,7 +268,7 @@ def check_empty_replica(sides: Sides) -> Result:
     batch = sides.batch(rows, seed=8)
     name = f"{sides.label}split: a replica the strategy leaves empty"
     sides.legacy.feed(batch, True)  # NotFed: a batch the legacy program never receives
-    sides.set_both(sides.start)
+    sides.set_modern(sides.start)  # the legacy towers are set by replica_row_errors
     try:
         step = sides.modern.step(batch, before=sides.start)
     except tf.errors.InvalidArgumentError as error:

@@ -33,7 +33,7 @@ def launch(sides: Sides, settings: Settings) -> Launched:
     it runs beside the harness's other checks (a process of its own, mostly the Python of its graph's
     build) until `check_tf1_runtime` collects it."""
     batch = sides.batch(seed=3)
-    sides.set_both(sides.start)
+    sides.set_modern(sides.start)  # the process sets its legacy graph from the start checkpoint
     step = sides.modern.step(batch, before=sides.start)
     masks = sides.masks_for(batch, step) or []
     in_path = os.path.join(sides.tmp_dir, f"{sides.pair.name}_tf1_in.npz")
