@@ -491,9 +491,10 @@ def check_flags(sides: Sides, baseline_built: bool = False) -> Result:
 # ---------------------------------------------------------------------------------------------
 # In a process of its own
 
-# A legacy graph of this many operations a tower or more: each build takes seconds (ResNet-v2-50: ~11,000
-# a tower, 4-5 s a one-tower build on one core; at one unit per block ~3,500, 1.5 s), and the check runs
-# beside the others.  A count, not a time: the same pairs take the same path on every machine.
+# A legacy graph of this many operations a tower or more (the harness's own ops in it): each build takes
+# seconds (ResNet-v2-50 at two towers: ~8,500 a tower, 4-5 s a one-tower build on one core; at one unit
+# per block ~2,700, 1.5 s; the MNIST pair ~240), and the check runs beside the others.  A count, not a
+# time: the same pairs take the same path on every machine.
 APART_OPERATIONS = 6000
 
 
