@@ -44,7 +44,7 @@ from compare.checks.basics import Rows
 from compare.interface import Batch, DataFiles, NotFed, Pair, Pairing, settings
 from compare.interface import optional
 from compare.report import Result
-from compare.sides import Sides, row_key, state_now
+from compare.sides import Sides, row_key, set_start
 from compare.state import Masks, State
 
 tf1 = tf.compat.v1
@@ -560,9 +560,7 @@ def apart_sides(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp
 def start_of(sides: Sides) -> State:
     """The common start, read from the start checkpoint the harness wrote (`sides.start_path`) through
     the legacy program built here."""
-    legacy = sides.legacy
-    if not legacy.started:
-        legacy.start()
-    with legacy.graph.as_default():
-        legacy.saver.restore(legacy.sess, sides.start_path)
-    return state_now(legacy)
+    if not sides.legacy.started:
+        sides.legacy.start()
+    set_start(sides, None, sides.start_path)
+    return sides.start
