@@ -6,7 +6,8 @@ The legacy graph runs in the program's own `tf.compat.v1.Session` config, its to
 Both see `/cpu:0 ... /cpu:N-1` because the logical-device split is set once, first thing.
 """
 import contextlib
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -25,6 +26,32 @@ def make_strategy(num_towers: int) -> Any:
 def local(strategy: Any, value: Any) -> list[np.ndarray]:
     """Per-replica values as a list of numpy arrays."""
     return [np.asarray(v) for v in strategy.experimental_local_results(value)]
+
+
+class Background:
+    """`work()` in a daemon thread of its own from now on: for work that holds no GIL most of its
+    time (a TF1 session run, a tf.function's trace), beside the caller's Python."""
+
+    def __init__(self, work: Callable[[], Any], name: str):
+        self._failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as error:  # noqa: B036 (re-raised in the caller's thread by `wait`)
+                self._failed.append(error)
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def wait(self) -> None:
+        """Joined, and what the work raised raised here (once)."""
+        self._thread.join()
+        if self._failed:
+            raise self._failed.pop()
 
 
 @contextlib.contextmanager

@@ -248,6 +248,9 @@ class ModernBuild:
       harness cannot pair by their variables or names when it localises a FAIL (compare.diagnosis).
     strategy: the strategy the port built under, where it is not the one the harness gave `build`
       (a port captured as it ran, which makes its own: compare.port_capture).
+    trace: optional; traces the program's steps without running them (each tf.function's
+      `get_concrete_function()`, for a step traced for its input signature), so that the harness
+      traces them beside the legacy side's start; None: each step is traced at its first call.
     """
     model: Any
     optimizer: Any
@@ -263,6 +266,7 @@ class ModernBuild:
     save_tf1: Optional[Callable[[str], str]] = None
     layer_scopes: Optional[Mapping[str, str]] = None
     strategy: Any = None
+    trace: Optional[Callable[[], Any]] = None
 
 
 @runtime_checkable

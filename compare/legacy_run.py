@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import threading
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from compare import common
 from compare import optimizers
 from compare import tf1_graph
 from compare.interface import Batch, DataFiles, LegacyGraph, Pair, TowerFeed
@@ -339,19 +339,10 @@ def beside(work: Callable[[], Any]) -> Iterator[None]:
     """`work()` in a thread of its own for the duration of the block, and what it raised raised after
     it: a TF1 session run holds no GIL, so the legacy program's first runs of a large graph (its import
     into the session, pruning, Grappler) go on beside the Python work of the block (the modern build)."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as error:  # noqa: B036 (re-raised in the caller's thread)
-            failed.append(error)
-
-    thread = threading.Thread(target=run, name="legacy-start", daemon=True)
-    thread.start()
+    background = common.Background(work, "legacy-start")
     try:
         yield
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
+    except BaseException:
+        background.join()
+        raise
+    background.wait()

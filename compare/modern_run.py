@@ -74,6 +74,7 @@ class ModernRun:
         # value when the steps check first compares the two (compare.checks.steps), else None.
         self.pairing: Optional[dict[str, str]] = None
         self.taps, self.tapped, self.tap_names = self.install_taps()
+        self._tracing: Optional[common.Background] = None
 
     def install_taps(self) -> tuple[list[Any], Any, list[Optional[str]]]:
         """Keep the gradient each variable's update receives: the optimizer's `update_step` (Keras
@@ -98,6 +99,21 @@ class ModernRun:
 
         optimizer.update_step = update_step
         return taps, tapped, [by_id.get(id(v)) for v in variables]
+
+    def trace(self) -> None:
+        """The program's steps traced without running them, where its build says how
+        (ModernBuild.trace), in a thread of their own from now until the first step (`traced`): a
+        trace spends most of its time in TensorFlow's C++ (building and checking the graph's
+        operations), without the GIL, beside the checks that come first.  After `install_taps`, whose
+        wrapped update the trace must see."""
+        if self.build.trace is not None and self._tracing is None:
+            self._tracing = common.Background(self.build.trace, "modern-trace")
+
+    def traced(self) -> None:
+        """The trace `trace` started, finished (what it raised raised here)."""
+        tracing, self._tracing = self._tracing, None
+        if tracing is not None:
+            tracing.wait()
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         out = self.build.predict(x) if self.build.predict is not None else self.model(x, training=False)
@@ -202,6 +218,7 @@ class ModernRun:
             raise HarnessError(f"the legacy towers have {len(self.mask_shapes)} dropouts, the model "
                                f"{len(self.dropouts)} Dropout layers: the masks cannot be matched")
         if self._draw is None:
+            self.traced()  # the strategy's replicas traced in one thread at a time
             layers, shapes = self.dropouts, self.mask_shapes
 
             @tf.function(reduce_retracing=True)
@@ -225,6 +242,7 @@ class ModernRun:
 
         before: the state the step starts from (set by the caller), for gradients read back out
         of the update when the step does not return them."""
+        self.traced()
         element, replicas = self.distribute(batch)
         masks = self.draw_masks(element)
         lr = float(np.asarray(self.optimizer.learning_rate))  # the schedule at iterations, before the update
@@ -250,6 +268,7 @@ class ModernRun:
         """The port's optimizer applies `gradients` (by TF1 name) once, as a step of the port applies
         them: from inside the replicas, replica 0 holding the gradients and the others zeros, so that
         the optimizer's own all-reduce (a sum) hands every copy of the weights exactly `gradients`."""
+        self.traced()
         names = list(gradients)
 
         def values(context: Any) -> list[Any]:
@@ -280,7 +299,10 @@ class ModernRun:
         return dict(self.modern_slots(state.slots[n]), w=state.weights[n])
 
     def close(self) -> None:
-        """Nothing to release: the model lives as long as the process."""
+        """The trace, if one is still going, finished; nothing else to release: the model lives as
+        long as the process."""
+        if self._tracing is not None:
+            self._tracing.join()
 
 
 def replica_variables(variable: Any) -> list[Any]:

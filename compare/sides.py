@@ -158,6 +158,7 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
             log(f"{pair.name}: building the modern model ({towers} replicas)")
             with beside(set_up):
                 sides.modern = ModernRun(pair, modern_flags, strategy, files, legacy)
+                sides.modern.trace()
             replicas = sides.modern.strategy.num_replicas_in_sync
             if replicas != towers:
                 raise HarnessError(f"the port runs {replicas} replicas where the legacy program runs {towers} "

@@ -5,6 +5,7 @@ The pair here is tests/tiny_pair.py (softmax regression, momentum SGD: TF1 and K
 slot in different parameterisations, which the harness converts and judges against each rule).
 """
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -36,6 +37,44 @@ def test_a_pair_with_momentum_is_judged_by_every_generic_check(tmp_path):
     assert {"checkpoint round trip", "input pipelines", "dropout (training mode)", "moving averages",
             "evaluation (one checkpoint)"} <= set(absent)
     assert all(absent.values())
+
+
+def test_the_ports_step_traced_beside_the_legacy_start_is_the_trace_every_check_runs(tmp_path, monkeypatch):
+    """ModernBuild.trace: the harness traces the port's step in a thread of its own while the legacy
+    side starts, and every check runs that trace: the step is traced once in the whole judge (the
+    uneven splits and the empty replica included), and the verdicts are those without it."""
+    seen = {}
+
+    def trace(self, step):
+        seen.setdefault("step", step)  # the judged pairing's, built first (the flags check builds again)
+
+        def traced():
+            seen["thread"] = threading.current_thread().name
+            return step.get_concrete_function()
+        return traced
+    monkeypatch.setattr(tiny_pair.Modern, "trace", trace)
+    results = judge(tiny_pair.PAIR, tmp_path)
+    assert [n for n, r in results.items() if r.status in ("FAIL", "ERROR")] == []
+    assert seen["thread"] == "modern-trace"
+    assert seen["step"].experimental_get_tracing_count() == 1
+    monkeypatch.setattr(tiny_pair.Modern, "trace", None)
+    assert {n: r.status for n, r in judge(tiny_pair.PAIR, tmp_path / "untraced").items()} == {
+        n: r.status for n, r in results.items()}
+
+
+def test_a_trace_that_raises_is_the_error_of_the_first_check_that_runs_the_step(tmp_path, monkeypatch):
+    """What the trace raised in its thread is raised where the port's step first runs, as a step
+    traced at its first call raises there: one ERROR naming it; the other checks still run."""
+    def trace(self, step):
+        def broken():
+            raise ValueError("planted: the port's step cannot be traced")
+        return broken
+    monkeypatch.setattr(tiny_pair.Modern, "trace", trace)
+    results = judge(tiny_pair.PAIR, tmp_path)
+    errors = [r for r in results.values() if r.status == "ERROR"]
+    assert len(errors) == 1, [(r.check, r.note) for r in errors]
+    assert "ValueError: planted: the port's step cannot be traced" in errors[0].note
+    assert sum(r.status == "PASS" for r in results.values()) > 10
 
 
 def test_keras_nesterov_momentum_where_tf1_has_plain_momentum_fails_configuration_and_trajectory(tmp_path, monkeypatch):

@@ -119,6 +119,9 @@ class Modern:
     tf1_momentum = False  # the port's own optimizer with TF1's rule instead of Keras' SGD
     staircase = False     # the port's decay in steps where TF1's exponential_decay is continuous
     cosine: tuple = ()    # (steps, alpha): the rate decays by Keras' CosineDecay
+    # ModernBuild.trace: None, or (self, the step's tf.function) -> what the harness calls to trace it
+    # (the step then traced for its element's signature, once for every batch size).
+    trace = None
 
     def parse_args(self, argv):
         return parse_args(argv, self.replica_flag)
@@ -143,18 +146,24 @@ class Modern:
             optimizer.apply_gradients(zip(grads, variables))
             return loss, grads
 
-        @tf.function(reduce_retracing=True)
+        def distribute(batch):
+            return next(iter(cluster.distribute(strategy, None, tf.data.Dataset.from_tensors((batch.x, batch.y)))))
+
+        signature = None
+        if self.trace is not None:  # batches of any number of rows (a batch's rows are not static)
+            rows = Data().batch(2, 0)
+            signature = [cluster.distribute(strategy, None, tf.data.Dataset.from_tensor_slices(
+                (rows.x, rows.y)).batch(2)).element_spec]
+
+        @tf.function(reduce_retracing=True, input_signature=signature)
         def step(element):
             with strategy.scope():
                 loss, grads = strategy.run(replica, args=element)
                 total = lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return total(loss), [total(g) for g in grads]
 
-        def distribute(batch):
-            return next(iter(cluster.distribute(strategy, None, tf.data.Dataset.from_tensors((batch.x, batch.y)))))
-
         return ModernBuild(model=model, optimizer=optimizer, train_step=lambda e: StepResult(*step(e)),
-                           distribute=distribute)
+                           distribute=distribute, trace=self.trace(step) if self.trace is not None else None)
 
 
 class Data:

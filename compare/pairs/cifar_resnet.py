@@ -192,6 +192,7 @@ class Modern:
         x, y = Data().batch(3, 0).x, Data().batch(3, 0).y
         spec = replica_batches(program, strategy, x, y).element_spec  # no static row count: one trace for all
         train_step = program.make_train_step(model, optimizer, strategy, return_metrics=True, element_spec=spec)
+        eval_step = program.make_eval_step(model, strategy, element_spec=spec)
         n = strategy.num_replicas_in_sync
 
         def datasets() -> Any:
@@ -205,7 +206,8 @@ class Modern:
             dataset=lambda: datasets()[0], valid_dataset=lambda: datasets()[1],
             load_tf1=lambda path: checkpoints.load_tf1_checkpoint(model, path),
             save_tf1=lambda path: checkpoints.save_tf1_checkpoint(model, path),
-            eval_step=program.make_eval_step(model, strategy, element_spec=spec), strategy=strategy, spec=spec)
+            eval_step=eval_step, strategy=strategy, spec=spec,
+            trace=lambda: (train_step.get_concrete_function(), eval_step.get_concrete_function()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ class Modern:
 
         return ModernBuild(model=model, optimizer=optimizer, train_step=step, distribute=distribute,
                            variables=names, shadows=shadows, dataset=dataset, evaluate=evaluate,
-                           load_tf1=load_tf1, save_tf1=save_tf1)
+                           load_tf1=load_tf1, save_tf1=save_tf1, trace=train_step.get_concrete_function)
 
 
 def make_pair(programs: Programs) -> Pair:
