@@ -170,6 +170,21 @@ def test_a_pair_process_that_dies_is_a_fail_not_a_pass(tmp_path, capsys):
     assert "[   0.1s] mnist: starting" in capsys.readouterr().out
 
 
+def test_a_pair_process_runs_at_the_lowest_priority(tmp_path, capsys):
+    """A pair judged beside the first takes the cores the first leaves idle: its process runs
+    CHILD_NICENESS nicer (its threads too, started after it is renice'd)."""
+    import os
+    import sys
+    from compare import run
+    read = ("import os, threading, time; time.sleep(0.5); out = []; "
+            "t = threading.Thread(target=lambda: out.append(os.getpriority(os.PRIO_PROCESS, 0))); t.start(); t.join(); "
+            "print('[   0.5s] priority', os.getpriority(os.PRIO_PROCESS, 0), out[0])")
+    child = run.spawn("mnist", [sys.executable, "-c", read], str(tmp_path / "never_written.json"))
+    run.finish_child(child)
+    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)  # the lowest Linux gives
+    assert f"[   0.5s] priority {expected} {expected}" in capsys.readouterr().out
+
+
 def test_command_line_rejects_what_is_not_a_checkpoint(tmp_path):
     from conftest import run_program
     done = run_program(["compare/run.py", "--checkpoint", tmp_path / "nothing.ckpt"])
