@@ -64,17 +64,16 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
         sides.tolerances = tolerances.derive(sides, settings.free_steps_for(pair) or 1)
     modern_by_argv: dict[tuple[str, ...], sides_module.ModernRun] = {}
     start_path = None
-    for pairing in pair.pairings:
-        if settings.quick and not pairing.quick:
-            continue
-        groups = [g for g in (pairing.groups or GROUPS) if g in settings.only]
-        if not groups:
-            continue
+    todo = [(pairing, [g for g in (pairing.groups or GROUPS) if g in settings.only]) for pairing in pair.pairings
+            if not (settings.quick and not pairing.quick)]
+    todo = [(pairing, groups) for pairing, groups in todo if groups]
+    for index, (pairing, groups) in enumerate(todo):
         try:
             with basics.shuffle_off():
                 sides = sides_module.build(pair, pairing, settings.towers, files, tmp_dir, settings.seed,
                                            checkpoint=settings.checkpoint, start_path=start_path, log=log,
-                                           modern=modern_by_argv.get(pairing.modern_argv), ready=derive)
+                                           modern=modern_by_argv.get(pairing.modern_argv), ready=derive,
+                                           trace=index == len(todo) - 1)
         except (AdapterError, HarnessError):
             close(built)
             raise
@@ -85,6 +84,8 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
         modern_by_argv[pairing.modern_argv] = sides.modern
         start_path = sides.start_path
         built.append((sides, groups))
+    for modern in modern_by_argv.values():  # the ports of the earlier pairings, where not the last's
+        modern.trace()
     return built
 
 

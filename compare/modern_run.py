@@ -75,6 +75,7 @@ class ModernRun:
         self.pairing: Optional[dict[str, str]] = None
         self.taps, self.tapped, self.tap_names = self.install_taps()
         self._tracing: Optional[common.Background] = None
+        self._trace_started = False
 
     def install_taps(self) -> tuple[list[Any], Any, list[Optional[str]]]:
         """Keep the gradient each variable's update receives: the optimizer's `update_step` (Keras
@@ -106,7 +107,8 @@ class ModernRun:
         trace spends most of its time in TensorFlow's C++ (building and checking the graph's
         operations), without the GIL, beside the checks that come first.  After `install_taps`, whose
         wrapped update the trace must see."""
-        if self.build.trace is not None and self._tracing is None:
+        if self.build.trace is not None and not self._trace_started:
+            self._trace_started = True
             self._tracing = common.Background(self.build.trace, "modern-trace")
 
     def traced(self) -> None:

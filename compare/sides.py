@@ -129,7 +129,8 @@ class Sides:
 
 def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: str, seed: int = 0,
           checkpoint: Optional[str] = None, start_path: Optional[str] = None, log: Callable[[str], None] = print,
-          modern: Optional[ModernRun] = None, ready: Optional[Callable[[Sides], None]] = None) -> Sides:
+          modern: Optional[ModernRun] = None, ready: Optional[Callable[[Sides], None]] = None,
+          trace: bool = True) -> Sides:
     """Both sides of one pairing, from the same start: the legacy graph's fresh weights (moving
     statistics randomised: fresh ones, 0 and 1, would hide a wrong batch-norm epsilon or variance
     formula in inference mode), `checkpoint` (a TF1 checkpoint of the legacy program), or
@@ -137,7 +138,9 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
     the same modern arguments, reused (the model and its traced steps do not depend on the legacy
     side's arguments).  `ready(sides)`: work on the legacy side alone once the start is set (the
     harness derives the tolerances there).  The legacy side's start and `ready` run beside the modern
-    build, where there is one: its Python and their session runs share the machine."""
+    build, where there is one: its Python and their session runs share the machine.  `trace`: the
+    port's steps then traced beside them (ModernRun.trace); the harness asks it of the last pairing
+    it builds, so that no legacy graph is built (Python that holds the GIL) beside the trace."""
     common_argv = tuple(pair.harness_argv(towers))
     legacy_flags = pair.legacy.parse_args([pair.legacy.tower_flag, str(towers), *common_argv, *pairing.legacy_argv])
     modern_flags = pair.modern.parse_args([pair.modern.replica_flag, str(towers), *common_argv, *pairing.modern_argv])
@@ -158,13 +161,16 @@ def build(pair: Pair, pairing: Pairing, towers: int, files: DataFiles, tmp_dir: 
             log(f"{pair.name}: building the modern model ({towers} replicas)")
             with beside(set_up):
                 sides.modern = ModernRun(pair, modern_flags, strategy, files, legacy)
-                sides.modern.trace()
+                if trace:
+                    sides.modern.trace()
             replicas = sides.modern.strategy.num_replicas_in_sync
             if replicas != towers:
                 raise HarnessError(f"the port runs {replicas} replicas where the legacy program runs {towers} "
                                    f"towers: is {pair.modern.replica_flag} its replica flag?")
         else:
             check_variable_map(modern.names, legacy, modern.model)
+            if trace:
+                modern.trace()
             set_up()
     except BaseException:
         legacy.close()
