@@ -187,18 +187,23 @@ class Child:
     report_path: str
 
 
-# A pair judged in a process of its own runs this much nicer than the first pair's: it takes the
-# cores the first pair's own work leaves idle (its Python holds one core at a time, most of its run),
-# rather than slowing that work down.
+# A pair judged in a process of its own, where the first pair's checks start no process of their
+# own, runs this much nicer than the first pair's: it takes the cores the first pair's work leaves
+# idle (its Python holds one core at a time, most of its run) rather than slowing that work down.
+# Where they do (the flags and TF1-runtime checks), the machine is full, and a pair at a lower
+# priority only takes longer: it keeps its priority.
 CHILD_NICENESS = 19
+OWN_PROCESSES = frozenset({"flags", "tf1"})  # the check groups that may start processes of their own
 
 
-def spawn(name: str, argv: list[str], report_path: str, log: Optional[Callable[[str], None]] = None) -> Child:
-    """Start `argv`, forwarding its progress lines ("[  t s] ...") to stdout as they come, and
-    logging through `log` when its output ends (so a run says when the child was done)."""
+def spawn(name: str, argv: list[str], report_path: str, log: Optional[Callable[[str], None]] = None,
+          nicer: int = 0) -> Child:
+    """Start `argv`, `nicer` than this process, forwarding its progress lines ("[  t s] ...") to
+    stdout as they come, and logging through `log` when its output ends (so a run says when the
+    child was done)."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    if hasattr(os, "setpriority"):  # before the new interpreter starts a thread (threads inherit it)
-        os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + CHILD_NICENESS)
+    if nicer and hasattr(os, "setpriority"):  # before the new interpreter starts a thread (threads inherit it)
+        os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nicer)
     output: list[str] = []
 
     def forward() -> None:
@@ -265,8 +270,10 @@ def judge(args: argparse.Namespace) -> int:
                                 quick=args.quick, only=args.only or harness.GROUPS, tf1_repeats=args.tf1_repeats)
     results = []
     with tempfile.TemporaryDirectory() as tmp_dir:
+        own = set(settings.only) & OWN_PROCESSES if not settings.quick else set()
         children = [spawn(module, child_argv(module, args, os.path.join(tmp_dir, f"pair{i}.json")),
-                          os.path.join(tmp_dir, f"pair{i}.json"), log) for i, module in enumerate(args.pairs[1:])]
+                          os.path.join(tmp_dir, f"pair{i}.json"), log, nicer=0 if own else CHILD_NICENESS)
+                    for i, module in enumerate(args.pairs[1:])]
         try:
             first = pairs[0]
             log(f"{first.name}: {first.description or first.module}")

@@ -170,19 +170,24 @@ def test_a_pair_process_that_dies_is_a_fail_not_a_pass(tmp_path, capsys):
     assert "[   0.1s] mnist: starting" in capsys.readouterr().out
 
 
-def test_a_pair_process_runs_at_the_lowest_priority(tmp_path, capsys):
-    """A pair judged beside the first takes the cores the first leaves idle: its process runs
-    CHILD_NICENESS nicer (its threads too, started after it is renice'd)."""
+def test_a_pair_process_runs_at_the_lowest_priority_where_the_first_pair_starts_no_process(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A pair judged beside the first takes the cores the first leaves idle: with --quick (no flags
+    or TF1-runtime process), its process runs CHILD_NICENESS nicer (its threads too, started after it
+    is reniced); where those checks run, at this process's priority."""
     import os
     import sys
-    from compare import run
+    from compare import harness, run
     read = ("import os, threading, time; time.sleep(0.5); out = []; "
             "t = threading.Thread(target=lambda: out.append(os.getpriority(os.PRIO_PROCESS, 0))); t.start(); t.join(); "
             "print('[   0.5s] priority', os.getpriority(os.PRIO_PROCESS, 0), out[0])")
-    child = run.spawn("mnist", [sys.executable, "-c", read], str(tmp_path / "never_written.json"))
-    run.finish_child(child)
-    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)  # the lowest Linux gives
-    assert f"[   0.5s] priority {expected} {expected}" in capsys.readouterr().out
+    monkeypatch.setattr(run, "child_argv", lambda *_: [sys.executable, "-c", read])
+    monkeypatch.setattr(harness, "judge_pair", lambda *_, **__: [])  # the first pair: nothing judged
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    for argv, expected in ((["--quick"], min(19, own + 19)), (["--only", "basics,shuffle"], min(19, own + 19)),
+                           ([], own), (["--only", "basics,tf1"], own)):
+        run.main(["--model", "all", *argv])
+        assert f"[   0.5s] priority {expected} {expected}" in capsys.readouterr().out, argv
 
 
 def test_command_line_rejects_what_is_not_a_checkpoint(tmp_path):
