@@ -65,8 +65,8 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
     modern_by_argv: dict[tuple[str, ...], sides_module.ModernRun] = {}
     start_path = None
     todo = [(pairing, [g for g in (pairing.groups or GROUPS) if g in settings.only]) for pairing in pair.pairings
-            if not (settings.quick and not pairing.quick)]
-    todo = [(pairing, groups) for pairing, groups in todo if groups]
+            if pairing.quick or not settings.quick]
+    todo = [(pairing, groups) for pairing, groups in todo if groups]  # the pairings to build, in order
     for index, (pairing, groups) in enumerate(todo):
         try:
             with basics.shuffle_off():
