@@ -209,6 +209,30 @@ def test_command_line_exits_1_on_a_planted_defect(monkeypatch, capsys):
     assert "lr schedule" in capsys.readouterr().out
 
 
+def test_command_line_fails_a_port_whose_replicas_average_their_own_rows(monkeypatch, tmp_path):
+    """The port's loss divided by each replica's own rows, not the global batch's (the classic
+    MirroredStrategy mistake: the strategy SUMS the replicas' gradients, so they come out N times
+    too large).  Planted in the port's own `compute_replica_loss`, before the build: the step the
+    harness traces ahead (ModernBuild.trace, in its own thread) is the planted one.  The loss and the
+    gradients FAIL, at the start and after steps; the optimizer, given the same gradients, PASSes."""
+    import json
+    from compare import run
+    own = modern_mnist.compute_replica_loss
+
+    def local_rows(model, x, labels, global_batch_size, training=True):
+        return own(model, x, labels, tf.shape(labels)[0], training)
+    monkeypatch.setattr(modern_mnist, "compute_replica_loss", local_rows)
+    path = tmp_path / "parity.json"
+    assert run.main(["--model", "mnist", "--quick", "--only", "training,steps", "--report", str(path)]) == 1
+    status = {r["check"]: r["status"] for r in json.loads(path.read_text())["results"]}
+    for pairing in ("original", "deviation"):
+        for check in ("forward (training, same dropout masks)", "gradients (read out of the train step)",
+                      "2 training steps: loss and gradients"):
+            assert status[f"{pairing}: {check}"] == "FAIL", check
+        for check in ("2 training steps: optimizer on each side", "2 training steps: optimizers side by side"):
+            assert status[f"{pairing}: {check}"] == "PASS", check
+
+
 # ---------------------------------------------------------------------------------------------
 # The blind spots of a harness that starts from initial values with shuffling off and flags at defaults
 
