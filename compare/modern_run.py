@@ -74,8 +74,7 @@ class ModernRun:
         # value when the steps check first compares the two (compare.checks.steps), else None.
         self.pairing: Optional[dict[str, str]] = None
         self.taps, self.tapped, self.tap_names = self.install_taps()
-        self._tracing: Optional[common.Background] = None
-        self._trace_started = False
+        self._tracing: Optional[common.Background] = None  # the trace `trace` started, once
 
     def install_taps(self) -> tuple[list[Any], Any, list[Optional[str]]]:
         """Keep the gradient each variable's update receives: the optimizer's `update_step` (Keras
@@ -107,15 +106,13 @@ class ModernRun:
         trace spends most of its time in TensorFlow's C++ (building and checking the graph's
         operations), without the GIL, beside the checks that come first.  After `install_taps`, whose
         wrapped update the trace must see."""
-        if self.build.trace is not None and not self._trace_started:
-            self._trace_started = True
+        if self.build.trace is not None and self._tracing is None:
             self._tracing = common.Background(self.build.trace, "modern-trace")
 
     def traced(self) -> None:
-        """The trace `trace` started, finished (what it raised raised here)."""
-        tracing, self._tracing = self._tracing, None
-        if tracing is not None:
-            tracing.wait()
+        """The trace `trace` started, finished (what it raised raised here, once)."""
+        if self._tracing is not None:
+            self._tracing.wait()
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         out = self.build.predict(x) if self.build.predict is not None else self.model(x, training=False)

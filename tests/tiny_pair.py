@@ -146,9 +146,6 @@ class Modern:
             optimizer.apply_gradients(zip(grads, variables))
             return loss, grads
 
-        def distribute(batch):
-            return next(iter(cluster.distribute(strategy, None, tf.data.Dataset.from_tensors((batch.x, batch.y)))))
-
         signature = None
         if self.trace is not None:  # batches of any number of rows (a batch's rows are not static)
             rows = Data().batch(2, 0)
@@ -161,6 +158,9 @@ class Modern:
                 loss, grads = strategy.run(replica, args=element)
                 total = lambda t: strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return total(loss), [total(g) for g in grads]
+
+        def distribute(batch):
+            return next(iter(cluster.distribute(strategy, None, tf.data.Dataset.from_tensors((batch.x, batch.y)))))
 
         return ModernBuild(model=model, optimizer=optimizer, train_step=lambda e: StepResult(*step(e)),
                            distribute=distribute, trace=self.trace(step) if self.trace is not None else None)
