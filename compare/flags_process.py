@@ -22,6 +22,7 @@ def main(in_path: str, out_path: str) -> None:
         meta = json.load(f)
     from compare import common
     common.setup_devices(int(meta["towers"]))  # before any TensorFlow op runs, as in the harness's process
+    common.blas_on_one_thread()
     import warnings
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")

@@ -236,6 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
+    common.blas_on_one_thread()
     with common.data_autotune_off():  # captures included
         return judge(args)
 

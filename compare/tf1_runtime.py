@@ -26,10 +26,11 @@ def main(in_path: str, out_path: str) -> None:
     tf.get_logger().setLevel("ERROR")
     import warnings
     warnings.filterwarnings("ignore", message="`layer.apply` is deprecated", category=UserWarning)
-    from compare import harness
+    from compare import common, harness
     from compare.interface import Batch
     from compare.legacy_run import LegacyRun
 
+    common.blas_on_one_thread()
     data = np.load(in_path, allow_pickle=True)
     meta = json.loads(str(data["meta"]))
     pair = harness.reload_pair(meta["adapter"], meta.get("programs", {}))

@@ -48,6 +48,14 @@ def _data_autotune_off():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _blas_on_one_thread():
+    """numpy's BLAS on one thread in the test processes, as in the harness's
+    (`compare.common.blas_on_one_thread`): two test processes' TensorFlow pools already fill the cores."""
+    from compare import common
+    common.blas_on_one_thread()
+
+
 def run_program(args, cwd=None, timeout=600):
     """Run `python <args...>` from the repository root (or `cwd`) and return the CompletedProcess.
 
