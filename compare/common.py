@@ -22,9 +22,8 @@ def setup_devices(num_towers: int) -> list[str]:
 def blas_on_one_thread() -> None:
     """numpy's BLAS (np.dot, np.linalg.norm: the measures over every weight, gradient and slot) on
     one thread in this process.  A harness process runs TensorFlow's thread pools on every core, beside
-    its numpy and beside the other processes of a run; OpenBLAS's own pool, one thread a core, spins
-    between calls on the cores TensorFlow's threads are waiting for (the default run of
-    compare/run.py: a sixth of its time)."""
+    its numpy and beside the other processes of a run; OpenBLAS's own pool, a thread a core, spins
+    between calls on the cores that TensorFlow's threads are waiting for."""
     import threadpoolctl
     threadpoolctl.threadpool_limits(1, user_api="blas")
 
