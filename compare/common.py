@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import threadpoolctl
 
 from modern import runtime
 
@@ -24,7 +25,6 @@ def blas_on_one_thread() -> None:
     one thread in this process.  A harness process runs TensorFlow's thread pools on every core, beside
     its numpy and beside the other processes of a run; OpenBLAS's own pool, a thread a core, spins
     between calls on the cores that TensorFlow's threads are waiting for."""
-    import threadpoolctl
     threadpoolctl.threadpool_limits(1, user_api="blas")
 
 

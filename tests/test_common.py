@@ -2,6 +2,7 @@
 
 compare.common.data_autotune_off: every iterator made in it reads a dataset with autotuning off,
 nested or not, and nothing after it does (the test processes run inside it: conftest.py).
+compare.common.blas_on_one_thread: numpy's BLAS on one thread in every process of the harness.
 compare.legacy_run.started_beside: the legacy session's first run in a thread beside the modern build."""
 import threading
 
@@ -64,3 +65,22 @@ def test_the_legacy_start_runs_beside_the_block_and_its_error_comes_after_it():
     with pytest.raises(RuntimeError, match="initializer failed"):
         with started_beside(failing):
             failing.block_ran.set()
+
+
+def test_every_harness_process_runs_numpys_blas_on_one_thread(monkeypatch):
+    """In a process of its own (the test processes already run on one): the installed numpy's BLAS is
+    one threadpoolctl finds (else the limit would do nothing) and it runs on one thread after the call;
+    each of the harness's entry points makes the call."""
+    import ast
+    import inspect
+    from conftest import run_program
+    from compare import flags_process, run, tf1_runtime
+    done = run_program(["-c", "import threadpoolctl; from compare import common; common.blas_on_one_thread(); "
+                              "print([i['num_threads'] for i in threadpoolctl.threadpool_info() "
+                              "if i['user_api'] == 'blas'])"])
+    assert done.returncode == 0, done.stderr
+    threads = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert threads and set(threads) == {1}, threads
+    for module in (run, flags_process, tf1_runtime):
+        assert "common.blas_on_one_thread()" in inspect.getsource(module.main), module.__name__
+
