@@ -157,3 +157,38 @@ def test_command_line_fails_a_regularised_loss_against_the_legacy_graph_on_tf1s_
     assert results["legacy on TF1's runtime: bn moving statistics"]["status"] == "EXPECTED"
     assert "the legacy graph on TF1's runtime, in its own process (started before the first check)" in output[0]
     assert results["legacy on TF1's runtime: loss and gradients"]["worst"]["rel_l2"] > 1e-3
+
+
+PLANTED_CONSTANT_KEEP_PROB = '''"""The CIFAR port parsing --keep_prob but building its dropout from the
+module's constant, one unit per block; the flags check in a process of its own, as on ResNet-v2-50
+(whose builds take seconds)."""
+from compare.checks import flags
+from modern import cifar_resnet
+
+flags.APART_OPERATIONS = 0  # this module is imported again in the flags check's process: there too
+real = cifar_resnet.resnet_v2_50
+
+
+def resnet_v2_50(num_classes, keep_prob, blocks):
+    return real(num_classes=num_classes, keep_prob=cifar_resnet.keep_prob_train, blocks=blocks)  # the mistake
+
+
+cifar_resnet.resnet_v2_50 = resnet_v2_50
+
+from small_cifar import PAIR  # noqa: E402,F401  (the seed adapter, building the port planted above)
+'''
+
+
+def test_command_line_fails_a_flag_the_port_parses_and_builds_from_a_constant_in_the_flags_process(tmp_path):
+    """A mistake planted in the port's own model build (`resnet_v2_50`, as its `build` calls it): the
+    parsed --keep_prob ignored for the module's constant.  The flags check, in its own process
+    (compare/flags_process.py), FAILs that flag on the modern side alone; every other shared flag
+    changes what both programs build; exit 1, no traceback."""
+    output = []
+    results, failed = judged_planted(tmp_path, "planted_constant_keep_prob", PLANTED_CONSTANT_KEEP_PROB,
+                                     "--only", "flags", quick=False, output=output)
+    assert failed == ["flags through what they build"]
+    assert "through what each program builds (in its own process" in output[0]
+    flag_rows = {e["name"].split(":")[0]: e for e in results["flags through what they build"]["errors"]}
+    assert flag_rows["--keep_prob 0.5"]["name"].endswith("changes nothing the modern program builds")
+    assert [name for name, e in flag_rows.items() if e["rel_l2"] != 0] == ["--keep_prob 0.5"], flag_rows
