@@ -67,7 +67,7 @@ def test_the_legacy_start_runs_beside_the_block_and_its_error_comes_after_it():
             failing.block_ran.set()
 
 
-def test_every_harness_process_runs_numpys_blas_on_one_thread(monkeypatch):
+def test_every_harness_process_runs_numpys_blas_on_one_thread():
     """In a process of its own (the test processes already run on one): the installed numpy's BLAS is
     one threadpoolctl finds (else the limit would do nothing) and it runs on one thread after the call;
     each of the harness's entry points makes the call."""
@@ -83,4 +83,3 @@ def test_every_harness_process_runs_numpys_blas_on_one_thread(monkeypatch):
     assert threads and set(threads) == {1}, threads
     for module in (run, flags_process, tf1_runtime):
         assert "common.blas_on_one_thread()" in inspect.getsource(module.main), module.__name__
-
