@@ -26,7 +26,8 @@ def _requirements(lines):
 
 def test_runtime_dependencies_are_declared_and_the_installed_versions_satisfy_them():
     required = _requirements(PROJECT["dependencies"])
-    assert set(required) == {"tensorflow", "tf-keras", "tf-slim", "keras", "numpy", "threadpoolctl"}
+    assert set(required) == {"tensorflow", "tf-keras", "tf-slim", "keras", "numpy", "threadpoolctl",
+                             "tensorflow-estimator"}
     for name, requirement in required.items():
         installed = importlib.metadata.version(name)
         assert requirement.specifier.contains(installed, prereleases=True), name
