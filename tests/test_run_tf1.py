@@ -168,14 +168,14 @@ def test_report_names_what_cannot_be_mapped_and_exits_1(tmp_path, capsys):
     out = capsys.readouterr().out
     assert status == 1
     assert ("  cannot  tf.contrib.learn  (no_home.py:2): tf.contrib.learn has no maintained home on TF 2.21: "
-            "port this part to Keras by hand") in out
+            "port this part to tf.estimator by hand, which runs here") in out
     assert "  cannot  tf.contrib.image  (no_home.py:5): tf.contrib.image has no maintained home on TF 2.21" in out
     assert "(TensorFlow's upgrader: `tf.contrib.image.rotate` has been migrated to `tfa.image.rotate`" in out
-    assert "  cannot  tf.estimator  (no_home.py:6): tf.estimator is gone since TF 2.16" in out
+    assert "  mapped  tf.estimator.RunConfig  (no_home.py:6)" in out  # tensorflow-estimator 2.15.0
     assert ("  cannot  tf.scalar_summary  (no_home.py:7): TF 2.21's tf.compat.v1 has no tf.scalar_summary: "
             "replace it by hand") in out
     assert "  mapped  tf.contrib.slim -> tf_slim  (no_home.py:4)" in out
-    assert "summary: 1 names mapped, 4 cannot" in out
+    assert "summary: 2 names mapped, 3 cannot" in out
     assert "the program names no /gpu: device" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["no_home.py"]
 
@@ -228,7 +228,9 @@ def test_a_path_that_is_not_a_program_is_one_line_and_status_2(failures, capsys,
     ("imports_missing.py", 1, "ModuleNotFoundError: No module named 'no_such_module_xyz'",
      "run_tf1: the program raised while importing no_such_module_xyz (ModuleNotFoundError)"),
     ("no_home_import.py", 1, "legacy.run_tf1.ContribImportError: tf.contrib.learn has no maintained home on TF 2.21: "
-     "port this part to Keras by hand (tf.estimator, its successor, is gone since TF 2.16 too)",
+     "port this part to tf.estimator by hand, which runs here (tensorflow-estimator 2.15.0): Experiment and "
+     "learn_runner are tf.estimator.train_and_evaluate with a TrainSpec and an EvalSpec, contrib.learn's RunConfig "
+     "and Estimators tf.estimator's",
      "run_tf1: the program raised while importing tensorflow.contrib.learn (ContribImportError)"),
     ("exits_3.py", 3, None, None),
 ])

@@ -31,6 +31,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> Any:
                         "use each, and where each maps or why it cannot; exit status 1 when some cannot")
     p.add_argument("--gpus", type=at_least(0), default=None, metavar="N",
                    help="the GPUs to treat as present (default: the machine's): /gpu:K with K >= N runs on /cpu:K")
+    p.add_argument("--virtual-gpus", type=at_least(0), default=0, metavar="N",
+                   help="the GPUs the program's GPU queries report (device_lib.list_local_devices, "
+                        "tf.test.is_gpu_available) and a MirroredStrategy without devices mirrors over: the "
+                        "machine's, then virtual ones on the CPU devices of their indices (default 0: the machine's)")
     p.add_argument("program", metavar="PROGRAM.py", help="the TF1 program's .py file")
     p.add_argument("args", nargs="...", help="the program's own arguments")
     return p.parse_args(argv)
@@ -48,7 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = report(args.program, args.gpus)
             print("\n".join(format_report(result)), flush=True)
             return 1 if result.cannot else 0
-        return run_program(args.program, args.args, log=stderr_log, gpus=args.gpus)
+        return run_program(args.program, args.args, log=stderr_log, gpus=args.gpus, virtual_gpus=args.virtual_gpus)
     except (ProgramError, UpgradeError) as error:
         stderr_log(f"{PREFIX}: {error}")
         return 2

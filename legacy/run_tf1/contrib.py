@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 from legacy import slim_compat  # noqa: F401  (before tf_slim, which the homes import: tf-slim on TF 2.21)
+from legacy.run_tf1.estimator import CONTRIB_HINT, MOVED_TO_CORE, REPLICATED
+from legacy.run_tf1.estimator import load as load_estimator
+from legacy.run_tf1.distribute import CONTRIB_NAMES as DISTRIBUTE_NAMES
 
 
 def batch_and_drop_remainder(batch_size: int) -> Callable[[Any], Any]:
@@ -54,6 +57,22 @@ def deprecated_flipped_sigmoid_cross_entropy_with_logits(logits: Any, targets: A
     return tf1.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits, name=name)
 
 
+class Names:
+    """Some names of a module, the home of a contrib module's names in part: each imported (`load`) and
+    looked up there at first use; any other name is not there."""
+
+    def __init__(self, module: str, names: Sequence[str], load: Callable[[str], Any] = importlib.import_module):
+        self.__name__, self.names, self.load = module, tuple(names), load
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr in self.__dict__.get("names", ()):
+            return getattr(self.load(self.__name__), attr)
+        raise AttributeError(attr)
+
+    def __dir__(self) -> list[str]:
+        return sorted(self.names)
+
+
 # tf.contrib.nn's names with an exact core equivalent (the rest of it has none).
 NN_FLIPPED = types.SimpleNamespace(
     deprecated_flipped_softmax_cross_entropy_with_logits=deprecated_flipped_softmax_cross_entropy_with_logits,
@@ -80,7 +99,13 @@ CONTRIB_HOMES: dict[str, tuple[Union[str, object], ...]] = {
     "metrics": ("tf_slim.metrics",),
     "training": ("tf_slim.training.training", "tf_slim.training.evaluation"),
     "rnn": (RNN_CELLS, "tensorflow.compat.v1.nn"),
-    "distribute": ("tensorflow.compat.v1.distribute", "tensorflow.compat.v1.distribute.experimental"),
+    # contrib's strategies took num_gpus= and cross_tower_ops= (legacy/run_tf1/distribute.py), then core's names.
+    "distribute": (Names("legacy.run_tf1.distribute", DISTRIBUTE_NAMES), "tensorflow.compat.v1.distribute",
+                   "tensorflow.compat.v1.distribute.experimental"),
+    # replicate_model_fn and TowerOptimizer (legacy/run_tf1/replicate.py), and the names TF 1.13 moved to
+    # tf.estimator unchanged (legacy/run_tf1/estimator.py).
+    "estimator": (Names("legacy.run_tf1.replicate", REPLICATED),
+                  *(Names(home, names, load_estimator) for home, names in MOVED_TO_CORE.items())),
     "cluster_resolver": ("tensorflow.compat.v1.distribute.cluster_resolver",),
     "staging": ("tensorflow.python.ops.data_flow_ops",),
     "nccl": ("tensorflow.python.ops.nccl_ops",),
@@ -111,8 +136,9 @@ CONTRIB_HOMES: dict[str, tuple[Union[str, object], ...]] = {
 # tf.contrib.<module> with no maintained home: what to do instead.
 BY_HAND = "has no maintained home on TF 2.21"
 CONTRIB_NO_HOME: dict[str, str] = {
-    "learn": "port this part to Keras by hand (tf.estimator, its successor, is gone since TF 2.16 too)",
-    "estimator": "port this part to Keras by hand (tf.estimator is gone since TF 2.16)",
+    "learn": ("port this part to tf.estimator by hand, which runs here (tensorflow-estimator 2.15.0): "
+              "Experiment and learn_runner are tf.estimator.train_and_evaluate with a TrainSpec and an EvalSpec, "
+              "contrib.learn's RunConfig and Estimators tf.estimator's"),
     "opt": "use a tf.compat.v1.train optimizer, or port to a Keras optimizer",
     "seq2seq": "port this part to Keras layers by hand",
     "cudnn_rnn": "use tf.keras.layers.LSTM / GRU, which run cuDNN kernels themselves",
@@ -128,10 +154,9 @@ V1_ROUTES: dict[str, str] = {
     "nn.rnn_cell": RNN_CELLS,
 }
 
-# tf.compat.v1 names TensorFlow 2.21 removed, with what to do.
-REMOVED: dict[str, str] = {
-    "tf.estimator": "tf.estimator is gone since TF 2.16: port this part to Keras by hand",
-}
+# tf.compat.v1 names TensorFlow 2.21 removed, with what to do (tf.estimator, removed in TF 2.16, is
+# tensorflow-estimator's: legacy/run_tf1/estimator.py).
+REMOVED: dict[str, str] = {}
 
 
 class ContribAttributeError(AttributeError):
@@ -158,8 +183,9 @@ def no_home_message(name: str, home_modules: Sequence[str] = ()) -> str:
     if home_modules:
         homes = " / ".join(home_modules)
         lack = "lacks" if len(home_modules) == 1 else "lack"
+        hint = f" ({CONTRIB_HINT})" if top == "estimator" else ""
         return (f"tf.contrib.{name} {BY_HAND}: tf.contrib.{name.rpartition('.')[0]} maps to {homes}, "
-                f"which {lack} it; replace it by hand")
+                f"which {lack} it; replace it by hand{hint}")
     return f"tf.contrib.{name} {BY_HAND}: replace it by hand (TF 2.21 ships no tf.contrib)"
 
 
@@ -179,8 +205,11 @@ def import_dotted(path: str) -> Any:
 
 
 def home_label(home: Union[str, object]) -> str:
-    """A home's name for messages: its dotted path, or `legacy.run_tf1` for the adapters defined here."""
-    return home if isinstance(home, str) else "legacy.run_tf1"
+    """A home's name for messages: its dotted path, a module's name, or `legacy.run_tf1` for the adapters
+    defined here."""
+    if isinstance(home, str):
+        return home
+    return home.__name__ if isinstance(home, (types.ModuleType, Names)) else "legacy.run_tf1"
 
 
 class ContribModule(types.ModuleType):

@@ -2,7 +2,9 @@
 
 `DeviceMap` maps a device string the program places a tower on, and says so in one line;
 `with_cpu_devices` gives a session's ConfigProto `device_count['CPU']` = 1 + the highest CPU index the
-graph uses (without it, soft placement would silently put every tower on one CPU).
+graph uses (without it, soft placement would silently put every tower on one CPU); `strategy_devices`
+maps the devices a `tf.distribute` strategy mirrors over; `GPUQueries` answers a program's GPU count
+with virtual GPUs (`--virtual-gpus`).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Optional, cast
 
 from legacy.run_tf1.log import PREFIX
+from tensorflow.core.framework import device_attributes_pb2
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.framework import device_spec, ops
 
@@ -75,3 +78,53 @@ def with_cpu_devices(config: Optional[config_pb2.ConfigProto], cpus: int) -> Opt
     return merged
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPUs a program counts, and the devices its strategies mirror over
+
+def virtual_gpu(index: int) -> device_attributes_pb2.DeviceAttributes:
+    """What `device_lib.list_local_devices` lists for the virtual GPU `index` (a CPU device)."""
+    return device_attributes_pb2.DeviceAttributes(
+        name=f"/device:GPU:{index}", device_type="GPU", memory_limit=1 << 30,
+        physical_device_desc=f"virtual GPU {index}: runs on /device:CPU:{index} (legacy.run_tf1 --virtual-gpus)")
+
+
+class GPUQueries:
+    """A program's GPU queries answered with `count` GPUs: the machine's, then virtual ones, each of
+    which the device mapping runs on the CPU device of its index (`--virtual-gpus`).
+
+    `device_lib.list_local_devices()` lists them (device_type "GPU"), `tf.test.is_gpu_available()` is
+    True, `tf.test.gpu_device_name()` is '/device:GPU:0': a program that counts its GPUs to choose its
+    towers (`replicate_model_fn` without devices, the CIFAR-10 Estimator tutorial's check) builds
+    `count` towers.
+    """
+
+    def __init__(self, devices: DeviceMap, count: int):
+        self.devices, self.count = devices, count
+
+    def list_local_devices(self, original: Any) -> Any:
+        def list_local_devices(session_config: Any = None) -> list[Any]:
+            listed = list(original(session_config))
+            have = sum(1 for d in listed if d.device_type == "GPU")
+            return listed + [virtual_gpu(i) for i in range(have, self.count)]
+        return list_local_devices
+
+    def is_gpu_available(self, original: Any) -> Any:
+        def is_gpu_available(cuda_only: bool = False, min_cuda_compute_capability: Any = None) -> bool:
+            return True if self.count > 0 else original(cuda_only, min_cuda_compute_capability)
+        return is_gpu_available
+
+    def gpu_device_name(self, original: Any) -> Any:
+        def gpu_device_name() -> str:
+            return "/device:GPU:0" if self.count > 0 else original()
+        return gpu_device_name
+
+
+def strategy_devices(devices: DeviceMap, given: Optional[Sequence[Any]], virtual: int) -> Optional[list[Any]]:
+    """The devices a MirroredStrategy mirrors over on this machine: the program's, each mapped (a GPU
+    the machine lacks becomes the CPU device of its index); where it gives none, the `virtual` GPUs
+    it would have found (None: TensorFlow's own choice)."""
+    if given:
+        return [devices.map(d) for d in given]
+    return [devices.map(f"/device:GPU:{i}") for i in range(virtual)] if virtual else None

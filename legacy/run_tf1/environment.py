@@ -27,8 +27,10 @@ import tensorflow.compat.v1 as tf
 from absl import app as absl_app
 from absl import flags as absl_flags
 from legacy import slim_compat  # before tf_slim: tf-slim on TF 2.21
+from legacy.run_tf1.estimator import V1_API, LazyModule
+from legacy.run_tf1.estimator import alias as estimator_alias
 from legacy.run_tf1.contrib import V1_ROUTES, ContribTree, import_dotted
-from legacy.run_tf1.devices import DeviceMap, highest_cpu, with_cpu_devices
+from legacy.run_tf1.devices import DeviceMap, GPUQueries, highest_cpu, strategy_devices, with_cpu_devices
 from legacy.run_tf1.log import PREFIX, Log
 from legacy.run_tf1.upgrade import (
     ProgramFinder,
@@ -37,12 +39,19 @@ from legacy.run_tf1.upgrade import (
     check_program,
     local_names,
     read_source,
+    search_roots,
     upgrade_source,
 )
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python import tf2
+from tensorflow.python.client import device_lib
 from tensorflow.python.client import session as tf_session
-from tensorflow.python.framework import ops
+from tensorflow.python.distribute import mirrored_strategy, one_device_strategy
+from tensorflow.python.framework import ops, test_util
+
+# The strategies whose devices the environment maps, TF1's and TF2's classes.
+MIRRORED = (mirrored_strategy.MirroredStrategyV1, mirrored_strategy.MirroredStrategy)
+ONE_DEVICE = (one_device_strategy.OneDeviceStrategyV1, one_device_strategy.OneDeviceStrategy)
 
 
 @dataclasses.dataclass
@@ -67,18 +76,21 @@ def library_paths() -> set[str]:
 class TF1Environment:
     """What `tf1_environment` installed for one program, and that program's runs.
 
-    Attributes: program (absolute path), folder, devices (DeviceMap), contrib (ContribTree),
-    cpu_devices (the most CPU devices a session needed), device_line (the mapping line, None
-    until a session used the mapping), graphs (the graphs of the sessions the program opened),
-    upgrades (file -> Upgrade), loaded (the local modules the last run imported), failure (how
-    the last run failed, or None).
+    Attributes: program (absolute path), folder, roots (where its own modules are found: its folder,
+    the working directory, PYTHONPATH), devices (DeviceMap), virtual_gpus (the GPUs its GPU queries
+    report), contrib (ContribTree), cpu_devices (the most CPU devices a session needed), device_line
+    (the mapping line, None until a session used the mapping), graphs (the graphs of the sessions the
+    program opened), upgrades (file -> Upgrade), loaded (the local modules the last run imported),
+    failure (how the last run failed, or None).
     """
 
     active: Optional[TF1Environment] = None  # the environment installed now (one at a time)
 
-    def __init__(self, program: Path, log: Log, gpus: int) -> None:
+    def __init__(self, program: Path, log: Log, gpus: int, virtual_gpus: int = 0) -> None:
         self.program, self.folder, self.log = program, program.parent, log
+        self.roots = search_roots(program)
         self.devices = DeviceMap(gpus)
+        self.virtual_gpus = virtual_gpus
         self.contrib = ContribTree()
         self.cpu_devices = 1
         self.device_line: Optional[str] = None
@@ -95,12 +107,19 @@ class TF1Environment:
         undo.callback(setattr, TF1Environment, "active", None)
         self._v1_behaviour(undo)
         self._route_v1_names(undo)
+        self._route_estimator(undo)
         self._install_contrib(undo)
         finder = ProgramFinder(self)
         sys.meta_path.insert(0, finder)
         undo.callback(sys.meta_path.remove, finder)
         self._patch(undo, ops.Graph, "device", self._mapped_device)
         self._patch(undo, tf_session.BaseSession, "__init__", self._session_init)
+        for cls in MIRRORED:
+            self._patch(undo, cls, "__init__", self._mirrored_init)
+        for cls in ONE_DEVICE:
+            self._patch(undo, cls, "__init__", self._one_device_init)
+        if self.virtual_gpus:
+            self._answer_gpu_queries(undo)
         self._stash_shadowed(undo)
         absl_app.define_help_flags()  # absl's own flags, defined once here rather than during a run
         undo.callback(self._forget_run)
@@ -118,6 +137,17 @@ class TF1Environment:
             owner = functools.reduce(getattr, parent.split("."), tf)
             undo.callback(setattr, owner, attr, owner.__dict__[attr])
             setattr(owner, attr, import_dotted(home))
+
+    @staticmethod
+    def _route_estimator(undo: contextlib.ExitStack) -> None:
+        """`tf.estimator` (the program's `tf` is tf.compat.v1): tensorflow-estimator's TF1 API, imported at
+        its first use; its import names (`tensorflow.estimator`, ...) are the finder's."""
+        route = LazyModule("tensorflow.compat.v1.estimator", V1_API)
+        for module in [*v1_modules(), tf_root]:
+            if "estimator" not in module.__dict__:
+                module.estimator = route
+                undo.callback(module.__dict__.pop, "estimator", None)
+        undo.callback(lambda: [sys.modules.pop(name) for name in list(sys.modules) if estimator_alias(name)])
 
     def _install_contrib(self, undo: contextlib.ExitStack) -> None:
         root = self.contrib.module("")
@@ -142,9 +172,9 @@ class TF1Environment:
         undo.callback(setattr, owner, name, original)
 
     def _stash_shadowed(self, undo: contextlib.ExitStack) -> None:
-        """Set aside modules named like the folder's (but from elsewhere, not a library's): the
-        program imports its own."""
-        names, libraries = local_names(self.folder), library_paths()
+        """Set aside modules named like the program's own (`roots`: but from elsewhere, not a
+        library's): the program imports its own."""
+        names, libraries = set().union(*(local_names(root) for root in self.roots)), library_paths()
         stash = {name: module for name, module in sys.modules.items()
                  if name.split(".")[0] in names and not self._from_library(module, libraries)}
         for name in stash:
@@ -171,6 +201,29 @@ class TF1Environment:
         def device(graph: ops.Graph, device_name_or_function: Any) -> Any:
             return original(graph, self.devices.map(device_name_or_function))
         return device
+
+    def _mirrored_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(strategy: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
+            original(strategy, strategy_devices(self.devices, devices, self.virtual_gpus), cross_device_ops)
+        return __init__
+
+    def _one_device_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(strategy: Any, device: Any) -> None:
+            original(strategy, self.devices.map(device))
+        return __init__
+
+    def _answer_gpu_queries(self, undo: contextlib.ExitStack) -> None:
+        """device_lib.list_local_devices, tf.test.is_gpu_available and tf.test.gpu_device_name answer with
+        the virtual GPUs, in every TensorFlow module that holds them (`tf.test` is several)."""
+        queries = GPUQueries(self.devices, self.virtual_gpus)
+        for function, make in ((device_lib.list_local_devices, queries.list_local_devices),
+                               (test_util.is_gpu_available, queries.is_gpu_available),
+                               (test_util.gpu_device_name, queries.gpu_device_name)):
+            replacement, name = functools.wraps(function)(make(function)), function.__name__
+            for module in [m for key, m in list(sys.modules.items()) if key.startswith("tensorflow") and m is not None]:
+                if module.__dict__.get(name) is function:
+                    module.__dict__[name] = replacement
+                    undo.callback(module.__dict__.__setitem__, name, function)
 
     def _session_init(self, original: Callable[..., None]) -> Callable[..., None]:
         def __init__(session: tf_session.BaseSession, target: str = "", graph: Optional[ops.Graph] = None,
@@ -338,13 +391,16 @@ def machine_gpus() -> int:
 
 @contextlib.contextmanager
 def tf1_environment(program_path: Union[str, os.PathLike], log: Log = print,
-                    gpus: Optional[int] = None) -> Iterator[TF1Environment]:
-    """TF1 behaviour, `tf.contrib`, the upgrading finder and the device mapping for one program.
+                    gpus: Optional[int] = None, virtual_gpus: int = 0) -> Iterator[TF1Environment]:
+    """TF1 behaviour, `tf.contrib`, tf.estimator, the upgrading finder and the device mapping for one program.
 
     Args:
       program_path: the program's .py file (ProgramError, one line, if it is not one).
       log: where the runner's own lines go (the device mapping, a failed run's step).
       gpus: the GPUs to treat as present (default: the machine's); `/gpu:N` with N >= gpus runs on `/cpu:N`.
+      virtual_gpus: the GPUs the program's GPU queries report (`device_lib.list_local_devices`,
+        `tf.test.is_gpu_available`), the ones past the machine's running on virtual CPU devices; 0: the
+        machine's own.
     Yields:
       The TF1Environment; `env.run_program(argv)` runs the program.  Leaving the block removes the
       finder, the local modules, the flags the program defined, `tf.contrib` and the
@@ -354,7 +410,7 @@ def tf1_environment(program_path: Union[str, os.PathLike], log: Log = print,
     if TF1Environment.active is not None:
         raise RuntimeError(f"a tf1_environment for {TF1Environment.active.program} is active: leave it first")
     program = check_program(program_path)
-    env = TF1Environment(program, log, machine_gpus() if gpus is None else gpus)
+    env = TF1Environment(program, log, machine_gpus() if gpus is None else gpus, virtual_gpus)
     env.upgrade(program)  # an UpgradeError here, before anything is installed
     with contextlib.ExitStack() as undo:
         env.install(undo)
@@ -362,9 +418,9 @@ def tf1_environment(program_path: Union[str, os.PathLike], log: Log = print,
 
 
 def run_program(program_path: Union[str, os.PathLike], argv: Sequence[str] = (), log: Log = print,
-                gpus: Optional[int] = None) -> int:
+                gpus: Optional[int] = None, virtual_gpus: int = 0) -> int:
     """Run a TF1 program once in a fresh `tf1_environment`; returns its exit status."""
-    with tf1_environment(program_path, log, gpus) as env:
+    with tf1_environment(program_path, log, gpus, virtual_gpus) as env:
         return env.run_program(argv)
 
 

@@ -21,6 +21,8 @@ from typing import Any, Optional, Union
 
 import tensorflow as tf_root
 import tensorflow.compat.v1 as tf
+from legacy.run_tf1.estimator import alias as estimator_alias
+from legacy.run_tf1.estimator import load as load_estimator
 from legacy.run_tf1.contrib import (
     REMOVED,
     V1_ROUTES,
@@ -39,6 +41,7 @@ from legacy.run_tf1.upgrade import (
     check_program,
     local_file,
     read_source,
+    search_roots,
     upgrade_source,
 )
 
@@ -88,16 +91,6 @@ def module_file(folder: Path, name: str) -> Optional[Path]:
     parts = name.split(".")
     found = local_file(folder.joinpath(*parts[:-1]), parts[-1]) if all(parts) else None
     return found[0] if found else None
-
-
-def search_roots(program: Path) -> list[Path]:
-    """Where a run imports the program's own modules from, in the order Python searches them: the
-    program's folder (the runner puts it first), the working directory (`python -m` puts it on
-    sys.path: a program run from above its folder imports that folder as a package), and the entries
-    of PYTHONPATH; installed packages are not the program's."""
-    roots = [program.parent, Path.cwd(), *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    return [r for r in dict.fromkeys(r.resolve() for r in roots if r.is_dir())
-            if not {"site-packages", "dist-packages"} & set(r.parts)]
 
 
 def local_imports(roots: Sequence[Path], root: Path, file: Path, tree: ast.AST) -> list[tuple[Path, Path]]:
@@ -214,7 +207,12 @@ def step_into(obj: Any, attr: str, contrib: ContribTree, home: str) -> tuple[Any
         return import_dotted(V1_ROUTES[f"{home[3:]}.{attr}"]), f"{home}.{attr}"
     if attr == "contrib" and obj in (tf, tf_root):
         return contrib.module(""), "tf.contrib"
-    if isinstance(obj, types.ModuleType) and not hasattr(obj, attr) and home.split(".")[0] == "tensorflow":
+    spelled = f"{home}.{attr}"
+    target = estimator_alias("tensorflow.compat.v1" + spelled[2:] if spelled.startswith("tf.") else spelled)
+    if target is not None:  # tf.estimator, tensorflow.python.estimator: tensorflow-estimator's, named so
+        return load_estimator(target), target
+    if isinstance(obj, types.ModuleType) and not hasattr(obj, attr) and \
+            home.split(".")[0] in ("tensorflow", "tensorflow_estimator"):
         return importlib.import_module(f"{home}.{attr}"), f"{home}.{attr}"  # TensorFlow's own packages
     return getattr(obj, attr), f"{home}.{attr}"
 
@@ -296,8 +294,9 @@ MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]|\bapp\.run\("
 
 @dataclasses.dataclass
 class TreeReport:
-    """`--report` over every program of a folder: each tf.contrib name, how it resolves, and the
-    programs that use it (through their own modules too); the programs that could not be read."""
+    """`--report` over every program of a folder: each tf.contrib and tf.estimator name (`tracked`), how
+    it resolves, and the programs that use it (through their own modules too); the programs that could
+    not be read."""
     folder: Path
     programs: list[Path]
     files: int
@@ -315,7 +314,8 @@ def is_program(path: Path) -> bool:
 
 def report_tree(folder: Union[str, os.PathLike], log: Any = None) -> TreeReport:
     """The report of every program under `folder` (the files each imports shared between them), its
-    tf.contrib names gathered.  A program the upgrader cannot read (Python 2 syntax) is listed."""
+    tf.contrib and tf.estimator names gathered.  A program the upgrader cannot read (Python 2 syntax)
+    is listed."""
     root = Path(os.path.abspath(folder))
     if not root.is_dir():
         raise ProgramError(f"{folder}: no such folder")
@@ -335,21 +335,27 @@ def report_tree(folder: Union[str, os.PathLike], log: Any = None) -> TreeReport:
             unread.append((program, f"{type(error).__name__}: {str(error).strip().splitlines()[0][:120]}"))
             continue
         for use in result.names.values():
-            if is_contrib(use.name):
+            if tracked(use.name):
                 uses.setdefault(use.name, (use, []))[1].append(program)
     return TreeReport(root, programs, len(cache), uses, unread)
 
 
 def format_tree(tree: TreeReport) -> list[str]:
-    """The tree report as a Markdown table: name, programs that use it, where it maps or why not."""
-    mapped = sum(1 for use, _ in tree.contrib.values() if not use.reason)
+    """The tree report as a Markdown table: name, programs that use it, where it maps or why not; the
+    first line counts each family's names and the programs that use one that cannot map."""
+    counts = []
+    for family, of in (("tf.contrib", is_contrib), ("tf.estimator", is_estimator)):
+        uses = {n: u for n, u in tree.contrib.items() if of(n)}
+        mapped = sum(1 for use, _ in uses.values() if not use.reason)
+        using = {p for _, programs in uses.values() for p in programs}
+        stopped = {p for use, programs in uses.values() if use.reason for p in programs}
+        counts.append(f"{len(uses)} {family} names: {mapped} mapped, {len(uses) - mapped} cannot; {len(using)} "
+                      f"programs use {family}, {len(stopped)} of them a name that cannot map")
     stopped = {p for use, programs in tree.contrib.values() if use.reason for p in programs}
-    using = {p for _, programs in tree.contrib.values() for p in programs}
     lines = [f"{len(tree.programs)} programs under {tree.folder.name}/ ({tree.files} files read, "
-             f"{len(tree.unread)} programs unreadable); {len(tree.contrib)} tf.contrib names: {mapped} mapped, "
-             f"{len(tree.contrib) - mapped} cannot; {len(using)} programs use tf.contrib, {len(stopped)} of them "
-             f"a name that cannot map", "",
-             "| tf.contrib name | programs | maps to, or why not |", "|---|---|---|"]
+             f"{len(tree.unread)} programs unreadable); {'; '.join(counts)}; {len(stopped)} programs in all use a "
+             f"name that cannot map", "",
+             "| tf.contrib or tf.estimator name | programs | maps to, or why not |", "|---|---|---|"]
     for name, (use, programs) in sorted(tree.contrib.items(), key=lambda kv: (-len(kv[1][1]), kv[0])):
         where = f"`{use.home}`" if not use.reason else use.reason.replace("|", "\\|")
         lines.append(f"| `{name}` | {len(programs)} | {where} |")
@@ -383,6 +389,16 @@ def format_report(result: Report) -> list[str]:
     lines += ["", "devices:", *device_lines(result), "",
               f"summary: {len(result.names) - len(result.cannot)} names mapped, {len(result.cannot)} cannot"]
     return lines
+
+
+def is_estimator(name: str) -> bool:
+    """Whether a name is tf.estimator's (`tf.estimator...`, `tensorflow.python.estimator...`)."""
+    return name.split(".")[:2] == ["tf", "estimator"] or name.startswith("tensorflow.python.estimator")
+
+
+def tracked(name: str) -> bool:
+    """A name `--report-tree` tables: tf.contrib's and tf.estimator's."""
+    return is_contrib(name) or is_estimator(name)
 
 
 def is_contrib(name: str) -> bool:

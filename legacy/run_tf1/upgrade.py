@@ -1,11 +1,11 @@
-"""TensorFlow's upgrader in memory, and the finder and loaders that run a program's folder through it.
+"""TensorFlow's upgrader in memory, and the finder and loaders that run a program's modules through it.
 
 `upgrade_source` applies `tf_upgrade_v2 --mode SAFETY` (`ASTCodeUpgrader(tf_upgrade_v2_safety.
 TFAPIChangeSpec())`) to one file's text and parses its log (the import rewrites, its notes);
-`ProgramFinder` (a `sys.meta_path` finder) finds the modules of the program's folder and the
-`tensorflow.contrib` modules, `UpgradingLoader` executes each file as the upgrader rewrites it, compiled
-under its real file name (tracebacks show the user's lines).  Nothing is written: the folder stays
-byte for byte as it was.
+`ProgramFinder` (a `sys.meta_path` finder) finds the program's own modules (`search_roots`: its folder,
+the working directory, PYTHONPATH), the `tensorflow.contrib` modules and tf.estimator's import names,
+`UpgradingLoader` executes each file as the upgrader rewrites it, compiled under its real file name
+(tracebacks show the user's lines).  Nothing is written: the folders stay byte for byte as they were.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional, Protocol, Union
 
+from legacy.run_tf1.estimator import alias as estimator_alias
+from legacy.run_tf1.estimator import load as load_estimator
 from legacy.run_tf1.contrib import ContribTree
 from tensorflow.tools.compatibility import ast_edits, tf_upgrade_v2_safety
 
@@ -138,11 +140,26 @@ def check_program(path: Union[str, os.PathLike]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# The program's folder: its modules, upgraded on import
+# The program's own modules, upgraded on import
+
+# This repository's root: its own packages (legacy, compare, ...) are never a user's program's modules,
+# wherever the program runs from; they load as they are.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def search_roots(program: Path) -> list[Path]:
+    """Where a run imports the program's own modules from, in the order Python searches them: the
+    program's folder (the runner puts it first), the working directory (`python -m` puts it on
+    sys.path: a program run from above its folder imports that folder as a package), and the entries
+    of PYTHONPATH; installed packages and this repository's own are not the program's."""
+    roots = [program.parent, Path.cwd(), *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return [r for r in dict.fromkeys(r.resolve() for r in roots if r.is_dir())
+            if not {"site-packages", "dist-packages"} & set(r.parts) and r != PROJECT_ROOT]
+
 
 class ProgramModules(Protocol):
     """What the finder and loaders read of the environment they serve (environment.TF1Environment)."""
-    folder: Path
+    roots: list[Path]
     contrib: ContribTree
     loaded: list[str]
 
@@ -164,7 +181,8 @@ def local_names(folder: Path) -> set[str]:
 
 
 class ProgramFinder(importlib.abc.MetaPathFinder):
-    """Finds the program folder's modules and the `tensorflow.contrib` modules of an environment."""
+    """Finds the program's own modules (its folder, the working directory, PYTHONPATH: `roots`), the
+    `tensorflow.contrib` modules and tf.estimator's import names, for an environment."""
 
     def __init__(self, env: ProgramModules) -> None:
         self.env = env
@@ -173,8 +191,11 @@ class ProgramFinder(importlib.abc.MetaPathFinder):
                   target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
         if fullname == "tensorflow.contrib" or fullname.startswith("tensorflow.contrib."):
             return importlib.util.spec_from_loader(fullname, ContribLoader(self.env.contrib), is_package=True)
-        folder = self.env.folder
-        dirs = [folder] if path is None else [Path(p) for p in path if Path(p).is_relative_to(folder)]
+        target_name = estimator_alias(fullname)
+        if target_name is not None:
+            return importlib.util.spec_from_loader(fullname, AliasLoader(target_name), is_package=True)
+        roots = self.env.roots
+        dirs = roots if path is None else [Path(p) for p in path if any(Path(p).is_relative_to(r) for r in roots)]
         for directory in dirs:
             found = local_file(directory, fullname.rpartition(".")[2])
             if found:
@@ -198,6 +219,20 @@ class ContribLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return self.tree.module(spec.name[len("tensorflow.contrib."):] if spec.name != "tensorflow.contrib" else "")
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class AliasLoader(importlib.abc.Loader):
+    """Loads a TF1 import name of tf.estimator (`tensorflow.estimator`, `tensorflow.python.estimator.*`)
+    as the tensorflow-estimator module it is now (legacy/run_tf1/estimator.py)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return load_estimator(self.target)
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
