@@ -51,8 +51,9 @@ from unittest import mock
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.distribute import values as ds_values
 
-from compare import tf1_graph
+from compare import estimator_capture, tf1_graph
 from compare.interface import Batch, DataFiles, LegacyGraph, LegacyPipeline, NotFed, TowerFeed
 from compare.legacy_run import HarnessError
 from compare.optimizers import TF1_OPS
@@ -71,9 +72,6 @@ else:  # Python 3.10, which TensorFlow 2.21 still supports, has no contextlib.ch
 
 tf1 = tf.compat.v1
 CAPTURE_SECONDS = 600  # a program that has not reached its first training step by then never will, for the harness
-SOURCES = ("QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany",
-           "QueueDequeueUpTo", "IteratorGetNext", "Placeholder")
-XENT = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
 
 
 class CaptureError(HarnessError):
@@ -98,6 +96,8 @@ class Captured:
     device_line: Optional[str]
     finalized: bool = False  # the program asked to finalize the graph (recorded, not applied)
     feed: Any = None  # the feed_dict of that run, as the program gave it
+    # a tf.estimator program: its model_fn in EVAL mode, built as the training stopped (None: no Estimator)
+    evaluated: Optional[estimator_capture.EvalGraph] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +118,8 @@ def fetched_ops(graph: Any, fetches: Any) -> list[Any]:
                 stack.append(graph.as_graph_element(item))
         elif isinstance(item, tf.Operation):
             out.append(item)
+        elif isinstance(item, ds_values.DistributedValues):  # a MirroredVariable: the ops of its components
+            stack.extend(item.values)
         elif hasattr(item, "op"):
             out.append(item.op)
     return out
@@ -171,8 +173,9 @@ def run_to_stop(env: Any, argv: Sequence[str], seconds: float) -> tuple[Optional
 def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str] = None,
             log: Callable[[str], None] = print, seconds: float = CAPTURE_SECONDS) -> Captured:
     """Run `program` with `argv` under legacy.run_tf1 until its first training Session.run; its graph
-    (every graph it makes gets the graph-level seed `seed`).  CaptureError if it ends, fails or runs
-    `seconds` first."""
+    (every graph it makes gets the graph-level seed `seed`); where that run is inside `Estimator.train`,
+    the Estimator's model_fn in EVAL mode too, in a graph of its own (compare.estimator_capture).
+    CaptureError if it ends, fails or runs `seconds` first."""
     from legacy.run_tf1 import tf1_environment
     from tensorflow.python.client import session as tf_session
     from tensorflow.python.framework import ops
@@ -181,6 +184,7 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
     main = threading.main_thread()
     run, graph_init = tf_session.BaseSession.__dict__["run"], ops.Graph.__dict__["__init__"]
     env_line: list[Optional[str]] = [None]
+    watch = estimator_capture.Watch()
 
     def session_run(session: Any, fetches: Any, *args: Any, **kwargs: Any) -> Any:
         if not taken and threading.current_thread() is main:
@@ -188,7 +192,7 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
             if op is not None:
                 feed = args[0] if args else kwargs.get("feed_dict")
                 taken.append(Captured(session.graph, getattr(session, "_config", None), op, fetches, env_line[0],
-                                      feed=feed))
+                                      feed=feed, evaluated=watch.eval_graph(seed)))
                 raise Stop()
         return run(session, fetches, *args, **kwargs)
 
@@ -201,10 +205,10 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
     def held_finalize(graph: Any) -> None:
         asked.add(id(graph))
 
-    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=log) as env:
+    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=log) as env, resource_variables():
         with mock.patch.object(tf_session.BaseSession, "run", session_run), \
                 mock.patch.object(ops.Graph, "__init__", seeded_graph), \
-                mock.patch.object(ops.Graph, "finalize", held_finalize):
+                mock.patch.object(ops.Graph, "finalize", held_finalize), watch.patched():
             status, timed_out = run_to_stop(env, argv, seconds)
         env_line[0] = env.device_line
     if not taken:
@@ -219,6 +223,24 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
             why = f"it ended with exit status {status}"
         raise CaptureError(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
     return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
+
+
+@contextlib.contextmanager
+def resource_variables() -> Iterator[None]:
+    """TF1 programs' variables made as resource variables for the duration (`tf.compat.v1.
+    enable_resource_variables`), as the harness builds an adapter's legacy graph.  TF1's ref variables
+    let every reader alias the variable's buffer: on the virtual CPU devices of one process a tower's
+    gradient can read a weight the same step's update has already written (a program that takes its
+    gradients with `tf.gradients`, ungated, as the CIFAR-10 Estimator tutorial does), a race its GPUs,
+    which copy each read, did not have.  The legacy graph on TF1's own runtime is its own check
+    (compare/checks/tf1.py)."""
+    before = tf1.resource_variables_enabled()
+    tf1.enable_resource_variables()
+    try:
+        yield
+    finally:
+        if not before:
+            tf1.disable_resource_variables()
 
 
 def last_frame(error: BaseException, files: set[str]) -> str:
@@ -297,6 +319,40 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------------------
+# An Estimator program's own evaluation of a checkpoint
+
+def estimator_evaluation(program: str, argv: Sequence[str], checkpoint: str, cwd: Optional[str] = None,
+               seconds: float = 600) -> Mapping[str, float]:
+    """The metrics the program's first `Estimator.evaluate` returns for `checkpoint`, run as
+    `program argv` with every `Estimator.train` skipped (it returns at once, the graph never built) and
+    that evaluate given `checkpoint_path=checkpoint`: the program's own input_fn, model_fn in EVAL mode
+    and metrics.  CaptureError if the program evaluates nothing in `seconds`."""
+    from legacy.run_tf1 import tf1_environment
+
+    cls = estimator_capture.estimator_class()
+    evaluate = cls.__dict__["evaluate"]
+    got: list[Mapping[str, Any]] = []
+
+    def skipped_train(estimator: Any, *args: Any, **kwargs: Any) -> Any:
+        return estimator
+
+    def given_checkpoint(estimator: Any, input_fn: Any, steps: Any = None, hooks: Any = None,
+                         checkpoint_path: Any = None, name: Any = None) -> Any:
+        got.append(evaluate(estimator, input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint, name=name))
+        raise Stop()
+
+    with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=lambda _: None) as env, \
+            mock.patch.object(cls, "train", skipped_train), mock.patch.object(cls, "evaluate", given_checkpoint):
+        status, timed_out = run_to_stop(env, argv, seconds)
+    if not got:
+        why = (f"it ran {seconds:g} s" if timed_out else f"it raised ({type(env.failure.error).__name__})"
+               if env.failure else f"it ended with exit status {status}")
+        raise CaptureError(f"the program's evaluation: no Estimator.evaluate with training skipped: {why}; run as "
+                           f"{os.path.basename(program)} {' '.join(argv)}")
+    return {k: float(np.asarray(v)) for k, v in got[0].items() if np.size(v) == 1}
+
+
+# ---------------------------------------------------------------------------------------------
 # What is found in a captured training graph
 
 @dataclasses.dataclass
@@ -328,19 +384,21 @@ class Found:
     tower_weights: Optional[list[float]] = None  # each tower's weight in what is applied (tower_weights)
 
 
-def natural(name: str) -> list[Any]:
-    """A name's sort key with its numbers as numbers (tower_2 before tower_10)."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
 GRAD_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/(.+?)_grad(?:_\d+)?/")
+
+
+# Ops whose gradient passes the incoming gradient on unchanged, building no op of its own (TF's gradients
+# of an Add of two tensors of one fully known shape, of an AddN, of an Identity).
+PASS_ON = ("Add", "AddV2", "AddN", "Identity")
 
 
 def gradient_starts(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> dict[Any, Any]:
     """{loss: the op its gradient starts from}, for the losses the applied gradients come from: each
     `tf.gradients` call starts from the ones it fills in the loss's shape (its `grad_ys`), which the
     gradient of the loss's op reads first (in the name scope `gradients/<the loss op>_grad`, TF1's
-    naming); in the order of the towers' names."""
+    naming); in the order of the towers' names.  A loss that is a sum of scalars (`cross_entropy +
+    l2`) has a gradient that builds no op: its grad_ys go straight to the gradients of the terms, and
+    the loss is the sum of them (`loss_of`)."""
     feeding = tf1_graph.ancestors([u.grad for u in updates.values() if u.grad is not None])
     starts: dict[Any, Any] = {}
     for op in graph.get_operations():
@@ -349,13 +407,35 @@ def gradient_starts(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]
         if op.inputs[0].op.type == "Shape":
             starts.setdefault(op.inputs[0].op.inputs[0], op)
             continue
+        terms = []
         for consumer in op.outputs[0].consumers():
             found = GRAD_SCOPE.search(consumer.name)
             if found:
                 with contextlib.suppress(KeyError, ValueError):
-                    starts.setdefault(graph.get_operation_by_name(found.group(1)).outputs[0], op)
-                break
-    return {loss: starts[loss] for loss in sorted(starts, key=lambda t: natural(t.name))}
+                    terms.append(graph.get_operation_by_name(found.group(1)))
+        loss = loss_of(list(dict.fromkeys(terms)))
+        if loss is not None:
+            starts.setdefault(loss, op)
+    return {loss: starts[loss] for loss in sorted(starts, key=lambda t: tf1_graph.natural(t.name))}
+
+
+def loss_of(terms: Sequence[Any]) -> Optional[Any]:
+    """The loss whose grad_ys the gradients of `terms` (forward ops) read first: the one op's output, or,
+    where several read them, the sum of their outputs (its gradient passes them on): the smallest tensor
+    that pass-on sums build of them alone and that depends on every term."""
+    if len(terms) <= 1:
+        return terms[0].outputs[0] if terms else None
+    covered = {t.outputs[0] for t in terms}
+    grown = True
+    while grown:
+        grown = False
+        for tensor in list(covered):
+            for consumer in tensor.consumers():
+                if consumer.type in PASS_ON and consumer.outputs[0] not in covered and set(consumer.inputs) <= covered:
+                    covered.add(consumer.outputs[0])
+                    grown = True
+    whole = [t for t in covered if set(terms) <= tf1_graph.ancestors([t]) | {t.op}]
+    return min(whole, key=lambda t: len(tf1_graph.ancestors([t]))) if whole else terms[0].outputs[0]
 
 
 def tower_losses(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> list[Any]:
@@ -423,54 +503,13 @@ def tower_weights(applied: Sequence[Any], starts: Sequence[Any]) -> Optional[lis
     return [found.pop()] * towers if len(found) == 1 else None
 
 
-def logits_of(loss: Any) -> Optional[Any]:
-    """The logits a tower's loss is computed from: the first input of its softmax cross-entropy (back
-    through the reshapes tf.nn.softmax_cross_entropy_with_logits wraps them in)."""
-    for op in tf1_graph.ancestors([loss]):
-        if op.type in XENT and "gradients" not in op.name:
-            logits = op.inputs[0]
-            while logits.op.type in ("Reshape", "Identity") and logits.op.inputs[0].shape.rank == 2:
-                logits = logits.op.inputs[0]
-            return logits
-    return None
-
-
-def rows_slice(op: Any) -> bool:
-    """Whether `op` is a slice of rows, `x[begin:end]` (a StridedSlice of the first axis alone, step 1)."""
-    if op.type != "StridedSlice" or any(op.get_attr(m) for m in ("ellipsis_mask", "new_axis_mask",
-                                                                   "shrink_axis_mask")):
-        return False
-    strides = tf.get_static_value(op.inputs[3])
-    return strides is not None and list(np.ravel(strides)) == [1]
-
-
-def source_of(tensor: Any) -> tuple[Optional[Any], int, int, Optional[tuple[Any, Any]]]:
-    """(the source output `tensor` derives from, the split part it takes, the number of parts, the
-    bounds of the slice of rows it takes): walked back through single-input ops, tf.split and a
-    slice of rows."""
-    part, parts, bounds, seen = 0, 1, None, 0
-    while tensor is not None and seen < 64:
-        op = tensor.op
-        if op.type in SOURCES:
-            return tensor, part, parts, bounds
-        if op.type in ("Split", "SplitV"):
-            part, parts = tensor.value_index, len(op.outputs)
-            tensor = op.inputs[1] if op.type == "Split" else op.inputs[0]
-        elif bounds is None and rows_slice(op):
-            bounds, tensor = (op.inputs[1], op.inputs[2]), op.inputs[0]
-        else:
-            data = [i for i in op.inputs if i.dtype != tf.int32 or op.type in ("OneHot", "Cast", "Identity")]
-            tensor = data[0] if data else None
-        seen += 1
-    return None, 0, 1, None
-
-
 def tower_input(loss: Any) -> Optional[TowerInput]:
     """A tower's source of rows: the labels its cross-entropy reads, and the images beside them."""
-    xent = next((op for op in tf1_graph.ancestors([loss]) if op.type in XENT and "gradients" not in op.name), None)
+    xent = next((op for op in tf1_graph.ancestors([loss])
+                 if op.type in tf1_graph.XENT and "gradients" not in op.name), None)
     if xent is None:
         return None
-    y, part, parts, bounds = source_of(xent.inputs[1])
+    y, part, parts, bounds = tf1_graph.source_of(xent.inputs[1])
     if y is None:
         return None
     ahead = tf1_graph.ancestors([loss])
@@ -481,21 +520,23 @@ def tower_input(loss: Any) -> Optional[TowerInput]:
         images = [t for t in y.op.outputs if t is not y and t.shape.rank is not None and t.shape.rank >= 2]
     if not images:
         return None
-    cut = next((op for op in ahead if rows_slice(op) and op.inputs[0] is images[0]), None) if bounds else None
+    cut = next((op for op in ahead if tf1_graph.rows_slice(op) and op.inputs[0] is images[0]), None) if bounds else None
     return TowerInput(images[0], y, part, parts, bounds, (cut.inputs[1], cut.inputs[2]) if cut is not None else None)
 
 
 def find(graph: Any, train_op: Any) -> Found:
     """What the harness needs of a training graph, found from the op the training run fetched."""
     ahead = tf1_graph.ancestors([train_op])
-    order = {v.op.name: i for i, v in enumerate(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))}
+    collected = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+    order = {tf1_graph.primary(v).op.name: i for i, v in enumerate(collected)}
     applied = [op for op in ahead if updating(op)]
     by_name = tf1_graph.variables_by_name(graph)
     pairs = []
     for op in applied:
         inputs = dict(zip([arg.name for arg in op.op_def.input_arg], op.inputs))
         variable = tf1_graph.variable_of(inputs["var"], by_name)
-        if variable is not None:
+        # A MirroredStrategy updates every replica's copy with the same reduced gradient: the first's is the one.
+        if variable is not None and tf1_graph.of_first_replica(inputs["var"], variable):
             pairs.append((inputs.get("grad", inputs.get("delta")), variable))
     pairs.sort(key=lambda gv: order.get(gv[1].op.name, len(order)))
     if not pairs:
@@ -506,7 +547,8 @@ def find(graph: Any, train_op: Any) -> Found:
     losses = list(starts)
     global_step = find_global_step(graph, ahead, by_name)
     return Found(train_op, updates, pairs, rates[0] if rates else None, global_step, losses,
-                 [logits_of(loss) for loss in losses], [t for t in (tower_input(loss) for loss in losses) if t],
+                 [tf1_graph.logits_of(loss) for loss in losses],
+                 [t for t in (tower_input(loss) for loss in losses) if t],
                  tower_weights([g for g, _ in pairs], list(starts.values())))
 
 
@@ -516,13 +558,27 @@ def find_global_step(graph: Any, ahead: set[Any], by_name: dict[str, Any]) -> An
     variable named global_step."""
     collected = graph.get_collection(tf1.GraphKeys.GLOBAL_STEP)
     if collected:
-        return collected[0]
+        return tf1_graph.primary(collected[0])
     for op in ahead:
         if op.type in ("AssignAdd", "AssignAddVariableOp") and op.inputs:
             variable = tf1_graph.variable_of(op.inputs[0], by_name)
             if variable is not None and variable.shape.rank == 0 and not variable.trainable:
                 return variable
     return by_name.get("global_step")
+
+
+def iterator_initializers(graph: Any) -> list[Any]:
+    """The ops that start the graph's tf.data iterators: each `MakeIterator`; where a MirroredStrategy's
+    multi-device iterator feeds the per-device ones, one op that runs its `MultiDeviceIteratorInit` and
+    every `MakeIterator` together (run apart, each would start the multi-device iterator again, and the
+    per-device iterators made before would read from a stale incarnation of it)."""
+    ops = graph.get_operations()
+    makes = [op for op in ops if op.type == "MakeIterator"]
+    multi = [op for op in ops if op.type == "MultiDeviceIteratorInit"]
+    if not multi:
+        return makes
+    with graph.as_default():
+        return [tf.group(*multi, *makes, name="parity_iterators_init")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,11 +803,21 @@ class CapturedLegacy:
         self.captured: Optional[Captured] = None
         self.inputs: list[TowerInput] = []  # the towers' input rows in the last captured graph
         self.first_feed: Optional[FirstFeed] = None  # what its first step fed besides the rows
+        self.evaluates = evaluate is not None  # an evaluation given (else an Estimator program gets its own)
+        self.towers_of: dict[int, int] = {}  # id of the flags a build was given -> its tower count
         if evaluate is not None:
             self.evaluate = evaluate
 
     def parse_args(self, argv: Sequence[str]) -> argparse.Namespace:
         return parse_flags(self.program, argv)
+
+    def estimator_evaluate(self, flags: argparse.Namespace, checkpoint: str, files: DataFiles) -> Mapping[str, float]:
+        """An Estimator program's own evaluation of `checkpoint` (`estimator_evaluation`), run with the
+        arguments and tower count its build with `flags` had."""
+        towers = self.towers_of.get(id(flags), 1)
+        argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, files), self.tower_flag, str(towers)]
+        cwd = self.cwd(files) if callable(self.cwd) else self.cwd
+        return estimator_evaluation(self.program, argv, checkpoint, cwd=cwd, seconds=self.seconds)
 
     def session_config(self, flags: argparse.Namespace, towers: int) -> Any:
         return self._config if self._config is not None else tf1.ConfigProto(device_count={"CPU": max(1, towers)})
@@ -795,10 +861,15 @@ class CapturedLegacy:
         if captured.graph.get_collection(tf1.GraphKeys.QUEUE_RUNNERS) and self.pipeline_steps:
             pipeline = LegacyPipeline(train=sources, steps=self.pipeline_steps, queue_runners=True)
         elif self.pipeline_steps and sources and all(x.op.type == "IteratorGetNext" for x, _ in sources):
-            makes = [op for op in captured.graph.get_operations() if op.type == "MakeIterator"]
-            pipeline = LegacyPipeline(train=sources, initializer=makes, steps=self.pipeline_steps)
+            pipeline = LegacyPipeline(train=sources, initializer=iterator_initializers(captured.graph),
+                                      steps=self.pipeline_steps)
+        inference = estimator_capture.inference_of(captured.evaluated, inputs[0].x, inputs[0].y) if inputs else None
+        self.towers_of[id(flags)] = towers
+        if captured.evaluated is not None and not self.evaluates:
+            self.evaluate = self.estimator_evaluate
         built = LegacyGraph(feed=found_feed(inputs, weights, fed, evaluate), tower_logits=logits, tower_losses=losses,
                             loss=loss, grads_and_vars=found.grads_and_vars, train_op=found.train_op,
                             global_step=found.global_step, learning_rate=found.learning_rate,
-                            moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph)
+                            moving_averages=Shadows(captured.graph), pipeline=pipeline, graph=captured.graph,
+                            inference=inference)
         return dataclasses.replace(built, **{k: v for k, v in named.items() if k not in FOUND_ONLY})

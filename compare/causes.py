@@ -223,7 +223,8 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
     """The regulariser-scale counterfactual: the port's gradient with its regulariser's term k c_m 2w
     taken out and the original's c_l 2w (where the original's loss adds it) put in, for k the ways a
     port weighs its model.losses (once, once per replica, not at all); then the loss-scale one: the
-    port's data term (its gradient less its regulariser's) divided by the replica count, or multiplied.
+    port's data term (its gradient less its regulariser's), or its whole loss's gradient, divided by the
+    replica count, or multiplied.
     judge: candidate modern gradients -> (all within tolerance, worst error, its tolerance)."""
     tried = []
     reg_l, added = legacy_regularisers(sides)
@@ -246,14 +247,17 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
                                                    f"{scale} (c in c sum(w^2)), its model.losses added {how}, "
                                                    f"replaced by the original's term", worst, tol)
     for s, how in replica_scales(sides.towers, tried):
-        candidate = {}
-        for n, g in modern.items():
-            term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights else 0.0
-            candidate[n] = (np.asarray(g, np.float64) - term_m) / s + term_m
-        ok, worst, tol = judge(candidate)
-        if ok:
-            return likely("loss_scale", f"the port's data term (its gradients less its regularisers') {how} the "
-                                        f"original's, divided back", worst, tol)
+        for whole in (False, True):
+            candidate = {}
+            for n, g in modern.items():
+                term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights and not whole \
+                    else 0.0
+                candidate[n] = (np.asarray(g, np.float64) - term_m) / s + term_m
+            ok, worst, tol = judge(candidate)
+            if ok:
+                part = ("whole loss (the data term and its regularisers')" if whole and reg_m else
+                        "data term (its gradients less its regularisers')" if reg_m else "loss")
+                return likely("loss_scale", f"the port's {part} {how} the original's, divided back", worst, tol)
     return unexplained(tried)
 
 
@@ -334,7 +338,9 @@ def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray
         d = (losses[1] - losses[0]) / per_smoothing
     else:
         return unexplained(tried)
-    if abs(d) >= 1e-3 and error <= tolerance:
+    # A smoothing is a fraction of the targets: a difference of 1 or more is no smoothing's (a loss scaled
+    # by k moves the same way, and is the loss_scale entry's).
+    if 1e-3 <= abs(d) < 1 and error <= tolerance:
         how = ("the logits-bias gradient's move and the loss's" if unclipped else
                "the loss's move; the logits-bias gradient's components then agree up to a common scale, a clip")
         return likely("label_smoothing", f"the port's label smoothing {d:+.3g} from the original's ({how})", error,
@@ -345,13 +351,16 @@ def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray
 def explain_loss_scale(sides: Sides, legacy: float, modern: float, term_m: float, tolerance: float,
                        tried: list[str]) -> str:
     """The loss_scale entry on a loss whose layers all agree: the port's data term (its loss less its
-    regularisers' `term_m`) divided by the replica count, or multiplied by it."""
+    regularisers' `term_m`), or its whole loss, divided by the replica count, or multiplied by it."""
     tried = list(tried)
     for s, how in replica_scales(sides.towers, tried):
-        error = abs((modern - term_m) / s + term_m - legacy) / max(abs(legacy), 1e-30)
-        if error <= tolerance:
-            return likely("loss_scale", f"the port's data term (its loss {modern:.4g} less its regularisers "
-                                        f"{term_m:.4g}) {how} the original's, divided back", error, tolerance)
+        for kept in ((term_m, 0.0) if term_m else (0.0,)):
+            error = abs((modern - kept) / s + kept - legacy) / max(abs(legacy), 1e-30)
+            if error <= tolerance:
+                part = (f"data term (its loss {modern:.4g} less its regularisers {term_m:.4g})" if kept else
+                        f"whole loss ({modern:.4g}, its regularisers' {term_m:.4g} included)" if term_m else
+                        f"loss ({modern:.4g})")
+                return likely("loss_scale", f"the port's {part} {how} the original's, divided back", error, tolerance)
     return unexplained(tried)
 
 

@@ -213,10 +213,11 @@ def layer_values(sides: Sides, batch: Any, training: bool) -> LayerRun:
     """Record the model's layers on tower 0's rows, pair them with TF1 scopes, and read each scope's
     input and output in tower 0 from the legacy program on `batch`."""
     legacy = sides.legacy
-    fed = legacy.feed(batch, training)
+    view = legacy.view(batch, training)
+    fed = view.fed
     rows = np.asarray(fed.towers.rows[0], int)
     layers = record_layers(sides, batch.x[rows], training)
-    logits = legacy.lg.tower_logits[0]
+    logits = view.tower_logits[0]
     forward = tf1_graph.ancestors([logits]) | {logits.op}
     starts = [t.op if isinstance(t, tf.Tensor) else getattr(t, "op", None) for t in fed.feed_dict]
     reached = tf1_graph.descendants([op for op in starts if op is not None])
@@ -225,7 +226,7 @@ def layer_values(sides: Sides, batch: Any, training: bool) -> LayerRun:
     pair_scopes(layers, scope_names(forward), named)
     ios = {e.name: scope_io(e.scope, forward, data_ops, logits) for e in layers if e.scope}
     wanted = {t.name: t for io in ios.values() for t in io.inputs + io.outputs + io.inside}
-    values = legacy.sess.run(wanted, fed.feed_dict) if wanted else {}
+    values = view.run(wanted) if wanted else {}
     legacy_in, legacy_out, inside = {}, {}, {}
     for e in layers:
         io = ios.get(e.name)

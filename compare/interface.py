@@ -151,6 +151,21 @@ class LegacyPipeline:
 
 
 @dataclasses.dataclass
+class LegacyInference:
+    """The program's inference mode where it is a graph of its own, not a feed of the training graph
+    (an Estimator calls its model_fn in EVAL mode in another graph: compare.estimator_capture).
+
+    graph: that graph.  tower_logits: its logits per tower.  feed: batch -> TowerFeed (its inputs fed
+    the rows, which rows each tower takes; NotFed where it takes no batch the harness can give).
+    variables: TF1 name -> its variable; before each run the training graph's state is copied in by name.
+    """
+    graph: Any
+    tower_logits: Sequence[Any]
+    feed: Callable[[Batch], TowerFeed]
+    variables: Mapping[str, Any]
+
+
+@dataclasses.dataclass
 class LegacyGraph:
     """What only the TF1 program's author can name in its training graph (built by `LegacySide.build`).
 
@@ -169,6 +184,8 @@ class LegacyGraph:
       it the harness also feeds the legacy towers the rows each modern replica got.
     graph: the graph the tensors are in, where it is not the default graph `build` was called in (a
       program captured as it ran: compare.capture).
+    inference: the program's inference mode where it is another graph (LegacyInference); None: the
+      training graph fed `feed(batch, False)`.
     """
     feed: Callable[[Batch, bool], TowerFeed]
     tower_logits: Sequence[Any]
@@ -182,6 +199,7 @@ class LegacyGraph:
     pipeline: Optional[LegacyPipeline] = None
     feed_towers: Optional[Callable[[Batch, Sequence[np.ndarray], Sequence[float], bool], dict]] = None
     graph: Any = None
+    inference: Optional[LegacyInference] = None
 
 
 @runtime_checkable

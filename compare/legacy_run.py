@@ -22,7 +22,7 @@ import tensorflow as tf
 from compare import common
 from compare import optimizers
 from compare import tf1_graph
-from compare.interface import Batch, DataFiles, LegacyGraph, Pair, TowerFeed
+from compare.interface import Batch, DataFiles, LegacyGraph, LegacyInference, Pair, TowerFeed
 from compare.state import Masks, State, StepOutcome
 
 tf1 = tf.compat.v1
@@ -44,6 +44,39 @@ class Fed(NamedTuple):
     towers: TowerFeed
 
 
+class InferenceRun:
+    """The program's inference graph where it is a graph of its own (LegacyInference: an Estimator's
+    model_fn in EVAL mode) in a session of its own, its variables set from a state before each run."""
+
+    def __init__(self, inference: LegacyInference, config: Any):
+        self.inference = inference
+        with inference.graph.as_default(), tf1.name_scope("parity_setters/"):
+            self.setters = {}
+            for name, v in inference.variables.items():
+                ph = tf1.placeholder(v.dtype.base_dtype, v.shape)
+                self.setters[name] = (ph, v.assign(ph))
+            init = [tf1.global_variables_initializer(), tf1.local_variables_initializer(), tf1.tables_initializer()]
+        self.sess = tf1.Session(graph=inference.graph, config=config)
+        self.sess.run(init)
+
+    def run(self, fetches: Any, feed_dict: dict, values: dict[str, np.ndarray]) -> Any:
+        """`fetches` with `feed_dict`, the graph's variables named in `values` set to them first."""
+        names = [n for n in values if n in self.setters]
+        self.sess.run([self.setters[n][1] for n in names], {self.setters[n][0]: values[n] for n in names})
+        return self.sess.run(fetches, feed_dict)
+
+    def close(self) -> None:
+        self.sess.close()
+
+
+class ModeView(NamedTuple):
+    """One mode of the program as a localisation reads it: the batch as fed, the towers' logits, and a
+    run of any tensors of that mode's graph on that feed."""
+    fed: Fed
+    tower_logits: Sequence[Any]
+    run: Callable[[Any], Any]
+
+
 class LegacyRun:
     """The program's graph (`lg`, the adapter's LegacyGraph) in the program's own session config."""
 
@@ -63,12 +96,16 @@ class LegacyRun:
         with self.graph.as_default():
             check_graph(lg, towers)
             self.by_name = tf1_graph.variables_by_name(self.graph)
+            self.mirrors = tf1_graph.mirrors(self.graph)  # a MirroredStrategy's variables: one copy per replica
             self.trainable = [v.op.name for _, v in lg.grads_and_vars]
             self.updates = tf1_graph.optimizer_updates(self.graph, lg.grads_and_vars)
             # The gradients each update receives (after any clipping between averaging and applying).
             self.applied = [self.updates[n].grad if self.updates[n].grad is not None else g
                             for n, (g, _) in zip(self.trainable, lg.grads_and_vars)]
-            self.moving = tf1_graph.moving_updates(self.graph, lg.tower_losses)
+            # The moving-statistic updates a training step runs (a program may collect a tower's and leave
+            # it out of its train op: the CIFAR-10 Estimator tutorial runs the first tower's only).
+            ran = tf1_graph.ancestors([lg.train_op])
+            self.moving = [u for u in tf1_graph.moving_updates(self.graph, lg.tower_losses) if u.op in ran]
             self.model = [v.op.name for v in tf1_graph.model_variables(self.graph, lg.grads_and_vars, self.moving)]
             self.dropouts = tf1_graph.dropouts(self.graph, lg.tower_losses)
             self.fan_ins = tf1_graph.fan_ins(lg.tower_losses[0])
@@ -76,12 +113,16 @@ class LegacyRun:
             with tf1.name_scope("parity_taps/"):
                 self.taps = [tf1.identity(u.value) for u in self.moving]
             self.powers = powers_of(self.updates, self.by_name)
+            self.readers = self.make_readers()
             self.setters = self.make_setters()
             self.init = tf1.global_variables_initializer()
             self.saver = tf1.train.Saver(var_list={n: self.by_name[n] for n in self.model})
             self.full_saver = tf1.train.Saver()  # every variable, as the programs' own Saver() saves
         self.config = harness_config(pair.legacy.session_config(flags, towers))
         self.sess = tf1.Session(graph=self.graph, config=self.config)
+        # The program's inference graph where it is another graph (an Estimator's EVAL mode).
+        self.inference = (InferenceRun(lg.inference, self.config)
+                          if lg.inference is not None and lg.inference.graph is not None else None)
         self._twin: Optional[LegacyRun] = None
         self._decays: Optional[dict[str, float]] = None
         self._tower_grads: Optional[list[list[Any]]] = None
@@ -121,17 +162,46 @@ class LegacyRun:
                     shadows[name] = shadow
         return shadows
 
-    def make_setters(self) -> dict[str, tuple[Any, Any]]:
-        """{variable name: (placeholder, assign op)} for every variable a State sets."""
-        state_vars = [self.by_name[n] for n in self.model] + [
+    def state_variables(self) -> list[Any]:
+        """Every variable a State holds: the model's, the optimizer's slots and powers, the step, the shadows."""
+        return list(dict.fromkeys([self.by_name[n] for n in self.model] + [
             s for u in self.updates.values() for s in u.slots.values()] + list(self.powers.values()) + [
-            self.global_step_var] + list(self.shadows.values())
+            self.global_step_var] + list(self.shadows.values())))
+
+    def components(self, name: str) -> list[Any]:
+        """The variable `name` as the graph stores it: one copy per replica of a MirroredStrategy's
+        variable, else the variable itself."""
+        return self.mirrors[name].components if name in self.mirrors else [self.by_name[name]]
+
+    def make_readers(self) -> dict[str, Any]:
+        """{variable name: what reading it gives} for every variable a State holds: the variable; for
+        a replica-local one (a MirroredStrategy's batch-norm statistic, each replica moving its own
+        copy) the aggregate of its copies, as a read outside the replicas and a checkpoint take it."""
+        readers: dict[str, Any] = {}
+        with tf1.name_scope("parity_readers/"):
+            for v in self.state_variables():
+                mirror = self.mirrors.get(v.op.name)
+                if mirror is None or not mirror.on_read:
+                    readers[v.op.name] = v
+                    continue
+                total = tf.add_n([c.read_value() for c in mirror.components])
+                readers[v.op.name] = total / len(mirror.components) if "MEAN" in mirror.aggregation.upper() else total
+        return readers
+
+    def make_setters(self) -> dict[str, tuple[Any, Any]]:
+        """{variable name: (placeholder, assign op)} for every variable a State sets: every replica's
+        copy of a MirroredStrategy's variable alike."""
         setters = {}
         with tf1.name_scope("parity_setters/"):
-            for v in dict.fromkeys(state_vars):
+            for v in self.state_variables():
                 ph = tf1.placeholder(v.dtype.base_dtype, v.shape)
-                setters[v.op.name] = (ph, v.assign(ph))
+                setters[v.op.name] = (ph, tf.group(*[c.assign(ph) for c in self.components(v.op.name)]))
         return setters
+
+    def replica_copy(self, name: str, tower: int) -> Any:
+        """The copy of variable `name` that tower `tower` reads (itself, where the towers share one)."""
+        copies = self.components(name)
+        return copies[tower] if len(copies) > 1 else copies[0]
 
     @property
     def global_step_var(self) -> Any:
@@ -140,11 +210,17 @@ class LegacyRun:
 
     # -- state -------------------------------------------------------------------------------
     def state(self) -> State:
-        fetch = {"weights": {n: self.by_name[n] for n in self.model},
-                 "slots": {n: dict(u.slots) for n, u in self.updates.items()},
-                 "step": self.global_step_var, "shadows": dict(self.shadows)}
+        read = self.readers
+        fetch = {"weights": {n: read[n] for n in self.model},
+                 "slots": {n: {k: read[s.op.name] for k, s in u.slots.items()} for n, u in self.updates.items()},
+                 "step": read[self.global_step_var.op.name],
+                 "shadows": {n: read[s.op.name] for n, s in self.shadows.items()}}
         out = self.sess.run(fetch)
         return State(out["weights"], out["slots"], int(out["step"]), out["shadows"] or None)
+
+    def read(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The values of the variables `names` (of a State), as `state` reads them."""
+        return self.sess.run({n: self.readers[n] for n in names})
 
     def restore(self, state: State, lr: Optional[float] = None, powers: bool = True) -> None:
         """Set every variable of `state`; with `powers`, Adam's beta powers to beta^(step + 1),
@@ -196,8 +272,11 @@ class LegacyRun:
     def dropouts_on(self, batch: Batch, training: bool) -> list[tf1_graph.Dropout]:
         """The dropouts that drop units when the towers' logits are computed from `batch` as the
         program feeds it (their noise runs, at a rate above 0): in inference mode, none for a program
-        that has an inference mode (is_training fed False, or keep_prob fed 1); every one of a network
-        built with is_training=True in the training graph (slim's default), which has none."""
+        that has an inference mode (is_training fed False, or keep_prob fed 1, or an inference graph of
+        its own); every one of a network built with is_training=True in the training graph (slim's
+        default), which has none."""
+        if not training and self.lg.inference is not None:
+            return []
         feed = self.feed(batch, training).feed_dict
         runs = tf1_graph.running(self.lg.tower_logits, feed)
         on = [d for d in self.dropouts if d.noise.op in runs]
@@ -222,10 +301,13 @@ class LegacyRun:
     def tower_gradients(self, batch: Batch, masks: Masks = None) -> list[dict[str, np.ndarray]]:
         """Each tower's own gradients (of its loss, before the towers are joined; nothing applied)."""
         if self._tower_grads is None:
-            variables = [self.by_name[n] for n in self.trainable]
             with self.graph.as_default(), tf1.name_scope("parity_tower_gradients/"):
-                self._tower_grads = [[g if g is not None else tf.zeros_like(v) for g, v in
-                                      zip(tf1.gradients(loss, variables), variables)] for loss in self.lg.tower_losses]
+                self._tower_grads = []
+                for i, loss in enumerate(self.lg.tower_losses):
+                    # A replica of a MirroredStrategy reads its own copy of each variable.
+                    variables = [self.replica_copy(n, i) for n in self.trainable]
+                    self._tower_grads.append([g if g is not None else tf.zeros_like(v) for g, v in
+                                              zip(tf1.gradients(loss, variables), variables)])
         return [dict(zip(self.trainable, g)) for g in self.run(self._tower_grads, batch, True, masks)]
 
     def step(self, batch: Batch, masks: Masks = None, towers: Optional[TowerRows] = None) -> StepOutcome:
@@ -236,13 +318,39 @@ class LegacyRun:
         return StepOutcome(float(loss), dict(zip(self.trainable, grads)), lr=float(lr), masks=masks,
                            source="legacy train op", stats=list(stats))
 
+    def view(self, batch: Batch, training: bool, masks: Masks = None) -> ModeView:
+        """`batch` in training mode (the training graph, as the program feeds it) or in inference mode
+        (`inference_view`)."""
+        if not training:
+            return self.inference_view(batch, masks)
+        fed = self.feed(batch, True, masks)
+        return ModeView(fed, self.lg.tower_logits, lambda fetches: self.sess.run(fetches, fed.feed_dict))
+
+    def inference_view(self, batch: Batch, masks: Masks = None) -> ModeView:
+        """Inference mode on `batch`: the training graph fed the program's inference feed, or the
+        program's inference graph of its own (LegacyInference, NotFed where it takes no such batch) with
+        the training side's variables copied in."""
+        if self.lg.inference is None:
+            fed = self.feed(batch, False, masks)
+            return ModeView(fed, self.lg.tower_logits, lambda fetches: self.sess.run(fetches, fed.feed_dict))
+        towers = self.lg.inference.feed(batch)
+        if self.inference is None:
+            raise HarnessError("the program's inference graph was not built")
+        inference, values = self.inference, self.read(self.model)
+        return ModeView(Fed(dict(towers.feed_dict), towers), self.lg.inference.tower_logits,
+                        lambda fetches: inference.run(fetches, towers.feed_dict, values))
+
+    def inference_logits(self, batch: Batch, masks: Masks = None) -> tuple[list[np.ndarray], TowerFeed]:
+        """Each tower's logits in inference mode (`inference_view`), and which rows each took."""
+        view = self.inference_view(batch, masks)
+        return list(view.run(list(view.tower_logits))), view.fed.towers
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The towers' logits in inference mode (the program's validation feed), in the rows' order.
         Rows no tower sees are NaN."""
-        fed = self.feed(Batch(x, np.zeros(len(x), np.int32)), False)
-        logits = self.sess.run(list(self.lg.tower_logits), fed.feed_dict)
+        logits, towers = self.inference_logits(Batch(x, np.zeros(len(x), np.int32)))
         out = np.full((len(x), np.shape(logits[0])[-1]), np.nan, np.float32)
-        for rows, values in zip(fed.towers.rows, logits):
+        for rows, values in zip(towers.rows, logits):
             out[np.asarray(rows, int)] = values
         return out
 
@@ -282,6 +390,8 @@ class LegacyRun:
         if self._twin is not None:
             self._twin.close()
             self._twin = None
+        if self.inference is not None:
+            self.inference.close()
         self.sess.close()
 
 

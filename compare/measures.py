@@ -133,6 +133,7 @@ def legacy_regularisers(sides: Sides) -> tuple[dict[str, float], set[str]]:
     in_loss = tf1_graph.ancestors([legacy.lg.tower_losses[0]])
     towers = tf1_graph.Towers(legacy.lg.tower_losses)
     terms: dict[str, list[tuple[float, bool]]] = {}
+    known: dict[Any, bool] = {}
     for op in legacy.graph.get_operations():
         if "gradients" in op.name or not op.inputs or towers.of(op) not in (0, None):
             continue
@@ -145,7 +146,7 @@ def legacy_regularisers(sides: Sides) -> tuple[dict[str, float], set[str]]:
             continue
         if variable is None or variable.op.name not in legacy.trainable:
             continue
-        terms.setdefault(variable.op.name, []).append((factor * scale_of(op.outputs[0]), op in in_loss))
+        terms.setdefault(variable.op.name, []).append((factor * scale_of(op.outputs[0], known), op in in_loss))
     out: dict[str, float] = {}
     for name, found in terms.items():
         in_the_loss = [scale for scale, added in found if added]
@@ -156,11 +157,27 @@ def legacy_regularisers(sides: Sides) -> tuple[dict[str, float], set[str]]:
     return {n: c for n, c in out.items() if c != 0}, added
 
 
-def scale_of(term: Any) -> float:
-    """The product of the constants a regularisation term is multiplied by, through Mul and Identity."""
+SUMS = ("AddN", "Add", "AddV2")
+
+
+def regularisation_term(tensor: Any, known: dict[Any, bool]) -> bool:
+    """Whether a tensor is built of L2 terms (an `L2Loss`, or a `Sum(Square)`, among its ops); `known`
+    holds the answers so far."""
+    if tensor not in known:
+        known[tensor] = any(op.type == "L2Loss" or (op.type == "Sum" and op.inputs and op.inputs[0].op.type == "Square")
+                            for op in tf1_graph.ancestors([tensor]) | {tensor.op})
+    return known[tensor]
+
+
+def scale_of(term: Any, known: Optional[dict[Any, bool]] = None) -> float:
+    """The product of the constants a regularisation term is multiplied by, through Mul and Identity,
+    and through sums with other regularisation terms only (`wd * add_n([l2_loss(w), ...])`, the
+    official models' weight decay): a sum with the data loss is where the regularisation ends."""
+    known = {} if known is None else known
     scale, tensor = 1.0, term
-    for _ in range(8):
-        consumers = [c for c in tensor.consumers() if c.type in ("Mul", "Identity") and "gradients" not in c.name]
+    for _ in range(16):
+        consumers = [c for c in tensor.consumers()
+                     if c.type in ("Mul", "Identity", *SUMS) and "gradients" not in c.name]
         if len(consumers) != 1:
             break
         op = consumers[0]
@@ -170,6 +187,8 @@ def scale_of(term: Any) -> float:
             if value is None or np.size(value) != 1:
                 break
             scale *= float(value)
+        elif op.type in SUMS and not all(regularisation_term(i, known) for i in op.inputs if i is not tensor):
+            break
         tensor = op.outputs[0]
     return scale
 

@@ -196,7 +196,7 @@ def set_start(sides: Sides, checkpoint: Optional[str], start_path: Optional[str]
 
 def state_now(legacy: LegacyRun) -> State:
     """The legacy program's weights now, as a start: its initial slots, step 0, shadows at the weights."""
-    weights = legacy.sess.run({n: legacy.by_name[n] for n in legacy.model})
+    weights = legacy.read(legacy.model)
     return State(weights, legacy.initial_slots, 0, {n: weights[n] for n in legacy.shadows} or None)
 
 
@@ -216,7 +216,7 @@ def every_tower_whole(pair: Pair, legacy: LegacyRun, towers: int) -> bool:
 def randomise_moving_statistics(legacy: LegacyRun, seed: int) -> None:
     """Moving means ~ N(0, 0.1), moving variances ~ U(0.5, 1.5): away from their initial 0 and 1."""
     rng = np.random.RandomState(seed)
-    weights = legacy.sess.run({n: legacy.by_name[n] for n in legacy.model})
+    weights = legacy.read(legacy.model)
     for u in {u.variable.op.name: u for u in legacy.moving}:
         shape = weights[u].shape
         weights[u] = (rng.normal(0, 0.1, shape) if "mean" in u.rsplit("/", 1)[-1]

@@ -5,6 +5,9 @@ op the program runs.  Where a value must be read out (a batch statistic, a dropo
 adds an `Identity` tap beside the graph or feeds a tensor the program computes (TF1 lets a feed
 replace any feedable tensor), so the program's own ops run as built.
 
+    variables_by_name   every variable by its TF1 name; a tf.distribute variable (a MirroredStrategy's, one
+                        component per replica) by its first component, each component's name naming it
+    mirrors             the components of each such variable, and whether it is read as their aggregate
     model_variables     trainable variables and the moving statistics UPDATE_OPS moves
     optimizer_updates   the optimizer's update op of each variable: its rule (any tf.compat.v1.train
                         optimizer's kernel), its inputs (hyper-parameters, the gradient it receives),
@@ -27,6 +30,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.distribute import values as ds_values
 
 from compare.optimizers import SLOTS, TF1_OPS
 
@@ -79,22 +83,76 @@ class Dropout:
     tower: Optional[int]
 
 
+@dataclasses.dataclass
+class Mirror:
+    """A tf.distribute variable of a TF1 graph (a MirroredStrategy's): its component variables, one per
+    replica in replica order (the first named as the variable), and how it is read outside a replica:
+    `on_read` (SyncOnRead: batch norm's moving statistics, each replica moving its own component) as
+    the `aggregation` of its components, else (mirrored: every update applied to every component) as
+    the first component."""
+    components: list[Any]
+    on_read: bool
+    aggregation: str
+
+
+def primary(variable: Any) -> Any:
+    """A tf.distribute variable's first component; any other variable itself.  (A distributed
+    variable's own `.op` is not an op: outside its strategy, reading it may build a reduction.)"""
+    return variable.values[0] if isinstance(variable, ds_values.DistributedValues) else variable
+
+
+def graph_variables(graph: Any) -> list[Any]:
+    """The graph's global and local variables as its collections hold them (distributed ones whole)."""
+    return graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
+
+
 def variables_by_name(graph: Any) -> dict[str, Any]:
-    with graph.as_default():
-        return {v.op.name: v for v in tf1.global_variables() + tf1.local_variables()}
+    """{TF1 name: variable}; a distributed variable is its first component, under its own name and
+    under each component's (`conv1/kernel/replica_1` names `conv1/kernel`): an op that reads or
+    updates any replica's copy is an op of the one variable."""
+    out: dict[str, Any] = {}
+    for v in graph_variables(graph):
+        first = primary(v)
+        for component in (v.values if isinstance(v, ds_values.DistributedValues) else (v,)):
+            out.setdefault(component.op.name, first)
+    return out
 
 
-def variable_of(tensor: Any, by_name: dict[str, Any]) -> Any:
-    """The variable a resource handle, ref, or read of it refers to (through identities), or None."""
+def mirrors(graph: Any) -> dict[str, Mirror]:
+    """{TF1 name: Mirror} of the graph's tf.distribute variables with more than one component."""
+    out = {}
+    for v in graph_variables(graph):
+        if isinstance(v, ds_values.DistributedValues) and len(v.values) > 1:
+            on_read = isinstance(v, ds_values.SyncOnReadVariable)
+            out[primary(v).op.name] = Mirror(list(v.values), on_read, str(getattr(v, "aggregation", "")))
+    return out
+
+
+def variable_handle(tensor: Any) -> Any:
+    """The variable op a resource handle, ref, or read of it comes from (through identities), or None."""
     seen = 0
     while tensor is not None and seen < 16:
         op = tensor.op
         if op.type in VARIABLE_OPS:
-            return by_name.get(op.name)
+            return op
         if op.type not in PASS_THROUGH or not op.inputs:
             return None
         tensor, seen = op.inputs[0], seen + 1
     return None
+
+
+def variable_of(tensor: Any, by_name: dict[str, Any]) -> Any:
+    """The variable a resource handle, ref, or read of it refers to (through identities), or None; a
+    replica's component of a distributed variable refers to that variable (`variables_by_name`)."""
+    op = variable_handle(tensor)
+    return by_name.get(op.name) if op is not None else None
+
+
+def of_first_replica(tensor: Any, variable: Any) -> bool:
+    """Whether `tensor` (an update's `var` input, a read) is of `variable` itself, not of another
+    replica's component of it."""
+    op = variable_handle(tensor)
+    return op is not None and op.name == variable.op.name
 
 
 def ancestors(tensors: Iterable[Any]) -> set[Any]:
@@ -216,7 +274,7 @@ def optimizer_updates(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]]) -> 
         rule = TF1_OPS[kind]
         inputs = dict(zip([arg.name for arg in op.op_def.input_arg], op.inputs))
         variable = variable_of(inputs["var"], by_name)
-        if variable is None or variable.op.name not in wanted:
+        if variable is None or variable.op.name not in wanted or not of_first_replica(inputs["var"], variable):
             continue
         slots = {s: variable_of(inputs[s], by_name) for s in SLOTS["tf1"][rule]}
         nesterov = bool(op.node_def.attr["use_nesterov"].b) if "use_nesterov" in op.node_def.attr else False
@@ -319,8 +377,8 @@ def model_variables(graph: Any, grads_and_vars: Sequence[tuple[Any, Any]],
                     updates: Sequence[MovingUpdate]) -> list[Any]:
     """The model's variables in creation order: the trained ones and those UPDATE_OPS moves."""
     names = {v.op.name for _, v in grads_and_vars} | {u.variable.op.name for u in updates}
-    with graph.as_default():
-        return [v for v in tf1.global_variables() if v.op.name in names]
+    firsts = [primary(v) for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)]
+    return [v for v in firsts if v.op.name in names]
 
 
 _LIBRARIES: dict[tuple[int, int], dict[str, Any]] = {}
@@ -411,3 +469,59 @@ class StepFunction:
             feed = {p: np.asarray(step, p.dtype.as_numpy_dtype) for p in self.steps}
             self.cache[step] = float(self.sess.run(self.out, feed))
         return self.cache[step]
+
+
+# ---------------------------------------------------------------------------------------------
+# A captured program's towers: where their rows come from, their logits
+
+# The ops a tower's rows come from: a queue's dequeue, an iterator's get_next, a placeholder.
+SOURCES = ("QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany",
+           "QueueDequeueUpTo", "IteratorGetNext", "Placeholder")
+XENT = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+
+
+def natural(name: str) -> list[Any]:
+    """A name's sort key with its numbers as numbers (tower_2 before tower_10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def logits_of(loss: Any) -> Optional[Any]:
+    """The logits a tower's loss is computed from: the first input of its softmax cross-entropy (back
+    through the reshapes tf.nn.softmax_cross_entropy_with_logits wraps them in)."""
+    for op in ancestors([loss]):
+        if op.type in XENT and "gradients" not in op.name:
+            logits = op.inputs[0]
+            while logits.op.type in ("Reshape", "Identity") and logits.op.inputs[0].shape.rank == 2:
+                logits = logits.op.inputs[0]
+            return logits
+    return None
+
+
+def rows_slice(op: Any) -> bool:
+    """Whether `op` is a slice of rows, `x[begin:end]` (a StridedSlice of the first axis alone, step 1)."""
+    if op.type != "StridedSlice" or any(op.get_attr(m) for m in ("ellipsis_mask", "new_axis_mask",
+                                                                   "shrink_axis_mask")):
+        return False
+    strides = tf.get_static_value(op.inputs[3])
+    return strides is not None and list(np.ravel(strides)) == [1]
+
+
+def source_of(tensor: Any) -> tuple[Optional[Any], int, int, Optional[tuple[Any, Any]]]:
+    """(the source output `tensor` derives from, the split part it takes, the number of parts, the
+    bounds of the slice of rows it takes): walked back through single-input ops, tf.split and a
+    slice of rows."""
+    part, parts, bounds, seen = 0, 1, None, 0
+    while tensor is not None and seen < 64:
+        op = tensor.op
+        if op.type in SOURCES:
+            return tensor, part, parts, bounds
+        if op.type in ("Split", "SplitV"):
+            part, parts = tensor.value_index, len(op.outputs)
+            tensor = op.inputs[1] if op.type == "Split" else op.inputs[0]
+        elif bounds is None and rows_slice(op):
+            bounds, tensor = (op.inputs[1], op.inputs[2]), op.inputs[0]
+        else:
+            data = [i for i in op.inputs if i.dtype != tf.int32 or op.type in ("OneHot", "Cast", "Identity")]
+            tensor = data[0] if data else None
+        seen += 1
+    return None, 0, 1, None

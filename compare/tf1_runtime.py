@@ -54,7 +54,7 @@ def main(in_path: str, out_path: str) -> None:
     for r in range(repeats):  # the same step again from the same state: each run its own interleaving
         legacy.restore(start, powers=False)
         stats = legacy.step(batch, masks).stats
-        after = legacy.sess.run({n: legacy.by_name[n] for n in moving})
+        after = legacy.read(moving)
         out.update({f"after:{r}:{n}": v for n, v in after.items()})
         out.update({f"stat:{r}:{i}": s for i, s in enumerate(stats)})
     np.savez(out_path, **out)  # type: ignore[arg-type]  # numpy's stubs: values of every array-like kind

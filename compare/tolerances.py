@@ -71,8 +71,7 @@ def fan_in_estimate(fan_ins: Sequence[int]) -> float:
 
 def logits(sides: Sides, batch: Batch, masks: Masks) -> list[np.ndarray]:
     """The towers' logits in inference mode, with `masks` imposed on a dropout that is on there too."""
-    fed = sides.legacy.feed(batch, False, masks)
-    return sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), fed.feed_dict)
+    return sides.legacy.inference_logits(batch, masks)[0]
 
 
 def worst_rel(a_list: Sequence[Any], b_list: Sequence[Any]) -> float:
@@ -110,10 +109,10 @@ def random_ops(sides: Sides) -> list[str]:
     inference mode (those the harness feeds, such as a dropout's noise it imposes, do not run; a
     dropout's noise at rate 0 runs and changes nothing)."""
     batch = sides.batch(seed=97)
-    fed = sides.legacy.feed(batch, False, fixed_masks(sides, batch, training=False)).feed_dict
+    view = sides.legacy.inference_view(batch, fixed_masks(sides, batch, training=False))
     on = {d.noise.op for d in sides.legacy.dropouts_on(batch, False)}
     idle = {d.noise.op for d in sides.legacy.dropouts} - on
-    return sorted(op.name for op in tf1_graph.running(sides.legacy.lg.tower_logits[:1], fed)
+    return sorted(op.name for op in tf1_graph.running(view.tower_logits[:1], view.fed.feed_dict)
                   if op.type in RANDOM_OPS and op not in idle)
 
 

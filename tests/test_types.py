@@ -11,7 +11,7 @@ from conftest import ROOT
 PACKAGES = ("legacy", "modern", "records", "benchmarks", "examples")
 # TF1 programs kept as a user would bring them (run by legacy/run_tf1/, not imported): not annotated.
 AS_FOUND = ("examples/split_towers/train_tf1.py", "examples/split_towers/towers_input.py",
-            "examples/clone_deploy/train_tf1.py")
+            "examples/clone_deploy/train_tf1.py", "examples/estimator_towers/train_tf1.py")
 
 
 def test_mypy_finds_no_error():

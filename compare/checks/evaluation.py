@@ -71,7 +71,7 @@ def rolled_checkpoint(sides: Sides, path: str, step: int) -> Optional[str]:
     if layer is None:
         return None
     names = [*layer, *(legacy.shadows[n].op.name for n in layer if n in legacy.shadows)]
-    before = legacy.sess.run({n: legacy.by_name[n] for n in names})
+    before = legacy.read(names)
     legacy.assign({n: np.roll(v, 1, axis=-1) for n, v in before.items()})
     try:
         with legacy.graph.as_default():

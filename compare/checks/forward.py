@@ -9,7 +9,7 @@ import numpy as np
 
 from compare import causes, common, diagnosis
 from compare import tf1_graph
-from compare.interface import Batch, TowerFeed
+from compare.interface import Batch, NotFed, TowerFeed
 from compare.measures import FREE, free_biases, grad_errors, gradient_errors
 from compare.report import EPS32, MARGIN, Tolerance, judge, not_applicable, tensor_error
 from compare.modern_run import ModernRun
@@ -78,8 +78,10 @@ def check_inference(sides: Sides) -> Result:
                               f"'forward (training, same dropout masks)'")
     sides.set_both(sides.start)
     batch = sides.batch(seed=2)
-    feed, tower_feed = sides.legacy.feed(batch, False)
-    logits = sides.legacy.sess.run(list(sides.legacy.lg.tower_logits), feed)
+    try:
+        logits, tower_feed = sides.legacy.inference_logits(batch)
+    except NotFed as why:
+        return not_applicable(f"{sides.label}forward (inference)", sides.pair.name, str(why))
     predicted = sides.modern.predict(batch.x)
     errors = [tensor_error(f"tower {i} logits ({len(rows)} rows)", out, predicted[np.asarray(rows, int)])
               for i, (out, rows) in enumerate(zip(logits, tower_feed.rows)) if len(rows)]

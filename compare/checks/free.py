@@ -39,7 +39,7 @@ def trajectories(sides: Sides, start: State, perturbed: State, steps: int,
     w0 = [start.weights[n] for n in names]
     losses: dict[str, list[float]] = {"legacy": [], "modern": [], "perturbed": []}
     d_m, d_p, moved = [], [], []
-    variables = [legacy.by_name[n] for n in names]
+    variables = [legacy.readers[n] for n in names]
     for k in range(steps):
         batch = sides.batch(seed=200 + k)
         out = modern.step(batch, before=modern.state())

@@ -27,7 +27,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from compare.capture import CAPTURE_SECONDS, CaptureError, CapturedLegacy, fed_tensors, parse_flags, quiet_tensorflow
+from compare.capture import (CAPTURE_SECONDS, CaptureError, CapturedLegacy, fed_tensors, iterator_initializers,
+                             parse_flags, quiet_tensorflow)
 from compare.checks.basics import legacy_batches, started_pipeline
 from compare.interface import Batch, DataFiles, LegacyGraph, Pair, Pairing
 from compare.port_capture import CapturedPort, port_environment
@@ -132,7 +133,7 @@ def read_rows(side: CapturedLegacy) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate([x for x, _ in fed]), np.concatenate([y for _, y in fed])
     graph = side.captured.graph
     with graph.as_default():
-        initializers = [tf1.tables_initializer(), *(op for op in graph.get_operations() if op.type == "MakeIterator")]
+        initializers = [tf1.tables_initializer(), *iterator_initializers(graph)]
     with quiet_tensorflow(), started_pipeline(graph, side.captured.config, initializers) as sess:
         got = legacy_batches(sess, sources, (), 1, steps=READ_STEPS, rows=READ_ROWS)
     if not got:
