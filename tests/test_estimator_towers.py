@@ -69,7 +69,9 @@ def test_the_mirrored_replicas_run_on_virtual_cpu_devices_and_the_towers_join_as
 
 def test_a_mean_where_the_original_sums_its_towers_losses_fails_and_is_named(tmp_path, monkeypatch):
     """replicate_model_fn's default SUM adds the towers' means: a port that averages them steps half as far."""
-    monkeypatch.setattr(modern_train, "loss_scale", lambda args, replicas: 1.0 / replicas)
+    real = modern_train.loss_scale
+    monkeypatch.setattr(modern_train, "loss_scale", lambda args, replicas: 1.0 / replicas
+                        if args.multi_gpu == "replicate" else real(args, replicas))
     results = judged(tmp_path, only=("training",))
     assert failed(results) == ["replicate: forward (training, same dropout masks)",
                                "replicate: gradients (read out of the train step)"]
@@ -79,9 +81,11 @@ def test_a_mean_where_the_original_sums_its_towers_losses_fails_and_is_named(tmp
 
 
 def test_each_replica_taking_its_own_mean_fails_the_averaging_forms_and_is_named(tmp_path, monkeypatch):
-    """Each replica's loss not divided by the replica count, where the v1 optimizer under a MirroredStrategy
-    (and the hand towers' average) divides it: the summed gradients are N times the original's."""
+    """Each replica's loss not divided by the replica count where the v1 optimizer under a MirroredStrategy
+    divides it, and the hand towers' gradients summed where the program averages them: the steps are N
+    times the original's."""
     monkeypatch.setattr(modern_train, "loss_scale", lambda args, replicas: 1.0)
+    monkeypatch.setattr(modern_train, "gradient_scale", lambda args, replicas: 1.0)
     results = judged(tmp_path, only=("training",))
     checks = ("forward (training, same dropout masks)", "gradients (read out of the train step)")
     assert failed(results) == sorted(f"{form}: {check}" for form in ("mirrored", "towers") for check in checks)

@@ -15,8 +15,10 @@ How the TF1 program maps onto this file:
                                               weight decay once)
   replicate_model_fn, loss_reduction SUM  ->  scale 1: each tower's mean and its weight decay, summed
   replicate_model_fn, loss_reduction MEAN ->  scale 1/N
-  towers by hand, gradients averaged      ->  scale 1/N; the moving statistics moved by the first replica's
-  (batch norm: the first tower's updates)     batch alone (FirstReplicaBatchNorm)
+  towers by hand, gradients averaged      ->  scale 1, the summed gradients times 1/N (`gradient_scale`: the
+  (batch norm: the first tower's updates)     program's tf.multiply(tf.add_n(grads), 1/N), rounded alike);
+                                              the moving statistics moved by the first replica's batch alone
+                                              (FirstReplicaBatchNorm)
   MomentumOptimizer(piecewise_constant)   ->  TF1Momentum (TF1's rule: a = m a + g, w -= lr a; Keras' SGD
                                               keeps -lr a, which a change of rate tells apart) on
                                               keras.optimizers.schedules.PiecewiseConstantDecay
@@ -159,10 +161,16 @@ def make_optimizer(args: argparse.Namespace) -> TF1Momentum:
 
 # Training --------------------------------------------------------------------------------------
 def loss_scale(args: argparse.Namespace, replicas: int) -> float:
-    """Each replica's loss factor: 1/N, where the TF1 program averages its replicas (MirroredStrategy,
-    its towers by hand, or replicate_model_fn with MEAN); 1 where replicate_model_fn sums its towers
-    (SUM, contrib's default)."""
-    return 1.0 if args.multi_gpu == "replicate" and args.loss_reduction == "sum" else 1.0 / replicas
+    """Each replica's loss factor: 1/N, where the TF1 program divides each replica's loss (MirroredStrategy's
+    v1 optimizer, replicate_model_fn with MEAN); 1 where replicate_model_fn sums its towers (SUM, contrib's
+    default), and for the towers by hand, which average their gradients instead (`gradient_scale`)."""
+    summed = args.multi_gpu == "towers" or (args.multi_gpu == "replicate" and args.loss_reduction == "sum")
+    return 1.0 if summed else 1.0 / replicas
+
+
+def gradient_scale(args: argparse.Namespace, replicas: int) -> float:
+    """The factor of the replicas' summed gradients: 1/N for the towers by hand (their average), else 1."""
+    return 1.0 / replicas if args.multi_gpu == "towers" else 1.0
 
 
 def model_loss(model: keras.Model, x: Any, y: Any, training: bool) -> tuple[Any, Any]:
@@ -182,6 +190,7 @@ def make_train_step(model: keras.Model, optimizer: Any, strategy: Any,
     """A tf.function(distributed batch) -> (loss, the gradients applied) of one training step."""
     variables = model.trainable_variables
     scale = loss_scale(args, strategy.num_replicas_in_sync)
+    average = gradient_scale(args, strategy.num_replicas_in_sync)
 
     def replica(x: Any, y: Any) -> tuple[Any, Any]:
         with tf.GradientTape() as tape:
@@ -192,8 +201,10 @@ def make_train_step(model: keras.Model, optimizer: Any, strategy: Any,
     def train_step(element: Any) -> tuple[Any, list[Any]]:
         losses, grads = strategy.run(replica, args=element)
         total = [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in grads]
+        if average != 1.0:
+            total = [tf.multiply(g, average) for g in total]
         optimizer.apply_gradients(zip(total, variables))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None), total
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None) * average, total
 
     return train_step
 
@@ -226,7 +237,7 @@ def evaluate(model: keras.Model, args: argparse.Namespace, step: int) -> dict[st
     batch's loss (the TF1 model_fn's `loss`; with towers (replicate_model_fn's, or by hand) the batch cut
     into one shard per tower, their losses scaled and summed as in training), and the global step."""
     towers = 1 if args.multi_gpu == "mirrored" else args.num_gpus
-    scale = 1.0 if args.multi_gpu == "mirrored" else loss_scale(args, towers)
+    scale = 1.0 if args.multi_gpu == "mirrored" else loss_scale(args, towers) * gradient_scale(args, towers)
     correct = rows = 0
     losses = []
     for x, y in make_dataset(args.data_dir, args.eval_batch_size, 1, training=False):
