@@ -212,17 +212,22 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
             status, timed_out = run_to_stop(env, argv, seconds)
         env_line[0] = env.device_line
     if not taken:
-        if timed_out:
-            why = f"it ran {seconds:g} s without a training Session.run"
-        elif env.failure is not None:
-            error = env.failure.error
-            where = last_frame(error, {str(env.program), *map(str, env.upgrades)})
-            message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-            why = f"it raised while {env.failure.step}, at {where} ({type(error).__name__}: {message})"
-        else:
-            why = f"it ended with exit status {status}"
+        why = stopped_short(env, status, timed_out, f"it ran {seconds:g} s without a training Session.run")
         raise CaptureError(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
     return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
+
+
+def stopped_short(env: Any, status: Optional[int], timed_out: bool, out_of_time: str) -> str:
+    """Why a program's run ended before the harness had what it came for: `out_of_time`, the failure
+    (its step, the program's own last frame, the error's first line), or its exit status."""
+    if timed_out:
+        return out_of_time
+    if env.failure is not None:
+        error = env.failure.error
+        where = last_frame(error, {str(env.program), *map(str, env.upgrades)})
+        message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"it raised while {env.failure.step}, at {where} ({type(error).__name__}: {message})"
+    return f"it ended with exit status {status}"
 
 
 @contextlib.contextmanager
@@ -322,7 +327,7 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
 # An Estimator program's own evaluation of a checkpoint
 
 def estimator_evaluation(program: str, argv: Sequence[str], checkpoint: str, cwd: Optional[str] = None,
-               seconds: float = 600) -> Mapping[str, float]:
+                         seconds: float = 600) -> Mapping[str, float]:
     """The metrics the program's first `Estimator.evaluate` returns for `checkpoint`, run as
     `program argv` with every `Estimator.train` skipped (it returns at once, the graph never built) and
     that evaluate given `checkpoint_path=checkpoint`: the program's own input_fn, model_fn in EVAL mode
@@ -345,8 +350,7 @@ def estimator_evaluation(program: str, argv: Sequence[str], checkpoint: str, cwd
             mock.patch.object(cls, "train", skipped_train), mock.patch.object(cls, "evaluate", given_checkpoint):
         status, timed_out = run_to_stop(env, argv, seconds)
     if not got:
-        why = (f"it ran {seconds:g} s" if timed_out else f"it raised ({type(env.failure.error).__name__})"
-               if env.failure else f"it ended with exit status {status}")
+        why = stopped_short(env, status, timed_out, f"it ran {seconds:g} s without an Estimator.evaluate")
         raise CaptureError(f"the program's evaluation: no Estimator.evaluate with training skipped: {why}; run as "
                            f"{os.path.basename(program)} {' '.join(argv)}")
     return {k: float(np.asarray(v)) for k, v in got[0].items() if np.size(v) == 1}
@@ -434,8 +438,9 @@ def loss_of(terms: Sequence[Any]) -> Optional[Any]:
                 if consumer.type in PASS_ON and consumer.outputs[0] not in covered and set(consumer.inputs) <= covered:
                     covered.add(consumer.outputs[0])
                     grown = True
-    whole = [t for t in covered if set(terms) <= tf1_graph.ancestors([t]) | {t.op}]
-    return min(whole, key=lambda t: len(tf1_graph.ancestors([t]))) if whole else terms[0].outputs[0]
+    ahead = {t: tf1_graph.ancestors([t]) | {t.op} for t in covered}
+    whole = [t for t in covered if set(terms) <= ahead[t]]
+    return min(whole, key=lambda t: len(ahead[t])) if whole else terms[0].outputs[0]
 
 
 def tower_losses(graph: Any, updates: Mapping[str, tf1_graph.OptimizerUpdate]) -> list[Any]:
@@ -804,7 +809,6 @@ class CapturedLegacy:
         self.inputs: list[TowerInput] = []  # the towers' input rows in the last captured graph
         self.first_feed: Optional[FirstFeed] = None  # what its first step fed besides the rows
         self.evaluates = evaluate is not None  # an evaluation given (else an Estimator program gets its own)
-        self.towers_of: dict[int, int] = {}  # id of the flags a build was given -> its tower count
         if evaluate is not None:
             self.evaluate = evaluate
 
@@ -813,8 +817,8 @@ class CapturedLegacy:
 
     def estimator_evaluate(self, flags: argparse.Namespace, checkpoint: str, files: DataFiles) -> Mapping[str, float]:
         """An Estimator program's own evaluation of `checkpoint` (`estimator_evaluation`), run with the
-        arguments and tower count its build with `flags` had."""
-        towers = self.towers_of.get(id(flags), 1)
+        arguments and tower count its build with `flags` had (`flags._towers`, beside its `_argv`)."""
+        towers = getattr(flags, "_towers", 1)
         argv = [*getattr(flags, "_argv", ()), *self.files_argv(towers, files), self.tower_flag, str(towers)]
         cwd = self.cwd(files) if callable(self.cwd) else self.cwd
         return estimator_evaluation(self.program, argv, checkpoint, cwd=cwd, seconds=self.seconds)
@@ -864,7 +868,7 @@ class CapturedLegacy:
             pipeline = LegacyPipeline(train=sources, initializer=iterator_initializers(captured.graph),
                                       steps=self.pipeline_steps)
         inference = estimator_capture.inference_of(captured.evaluated, inputs[0].x, inputs[0].y) if inputs else None
-        self.towers_of[id(flags)] = towers
+        flags._towers = towers
         if captured.evaluated is not None and not self.evaluates:
             self.evaluate = self.estimator_evaluate
         built = LegacyGraph(feed=found_feed(inputs, weights, fed, evaluate), tower_logits=logits, tower_losses=losses,

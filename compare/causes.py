@@ -247,7 +247,7 @@ def explain_gradients(sides: Sides, legacy: dict[str, np.ndarray], modern: dict[
                                                    f"{scale} (c in c sum(w^2)), its model.losses added {how}, "
                                                    f"replaced by the original's term", worst, tol)
     for s, how in replica_scales(sides.towers, tried):
-        for whole in (False, True):
+        for whole in ((False, True) if reg_m else (True,)):
             candidate = {}
             for n, g in modern.items():
                 term_m = 2 * reg_m.get(n, 0.0) * np.asarray(weights[n], np.float64) if n in weights and not whole \

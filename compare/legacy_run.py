@@ -185,7 +185,8 @@ class LegacyRun:
                     readers[v.op.name] = v
                     continue
                 total = tf.add_n([c.read_value() for c in mirror.components])
-                readers[v.op.name] = total / len(mirror.components) if "MEAN" in mirror.aggregation.upper() else total
+                mean = mirror.aggregation == tf.VariableAggregation.MEAN
+                readers[v.op.name] = total / len(mirror.components) if mean else total
         return readers
 
     def make_setters(self) -> dict[str, tuple[Any, Any]]:

@@ -92,7 +92,7 @@ class Mirror:
     the first component."""
     components: list[Any]
     on_read: bool
-    aggregation: str
+    aggregation: Any  # tf.VariableAggregation
 
 
 def primary(variable: Any) -> Any:
@@ -124,7 +124,7 @@ def mirrors(graph: Any) -> dict[str, Mirror]:
     for v in graph_variables(graph):
         if isinstance(v, ds_values.DistributedValues) and len(v.values) > 1:
             on_read = isinstance(v, ds_values.SyncOnReadVariable)
-            out[primary(v).op.name] = Mirror(list(v.values), on_read, str(getattr(v, "aggregation", "")))
+            out[primary(v).op.name] = Mirror(list(v.values), on_read, getattr(v, "aggregation", None))
     return out
 
 
