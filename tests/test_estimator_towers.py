@@ -6,6 +6,7 @@ replicas or towers, their rows and how their gradients join, takes its model_fn 
 inference graph, and evaluates a checkpoint with the program's own Estimator.evaluate.  The correct
 port is green at a tolerance with power; three port mistakes planted in its own code FAIL and are named.
 """
+import json
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_the_mirrored_replicas_run_on_virtual_cpu_devices_and_the_towers_join_as
         graph = built.graph
         devices = {op.device for op in graph.get_operations() if op.type == "Conv2D" and "gradients" not in op.name}
         assert {d.rsplit("/", 1)[-1] for d in devices} == {"device:CPU:0", "device:CPU:1"}, (form, devices)
-        assert legacy.towers_of[id(flags)] == 2
+        assert flags._towers == 2  # what the program's own evaluation is run with
         feed = built.feed(adapter.Data().batch(16, 0), True)
         assert [list(r) for r in feed.rows] == [list(range(8)), list(range(8, 16))], form
         assert feed.weights == [weights, weights], form  # a MirroredStrategy's losses carry their 1/N in the graph
@@ -121,3 +122,39 @@ def test_the_one_line_form_judges_the_two_programs_alone(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert " 0 FAIL" in summary and int(summary.split(" PASS")[0]) >= 20, summary
+
+
+PLANTED = '''"""The estimator pair as a user would judge a port of theirs: its replicas' losses averaged (1/N) where
+the TF1 program's replicate_model_fn sums its towers' (loss_reduction SUM, contrib's default)."""
+from examples.estimator_towers import modern_train
+from examples.estimator_towers.adapter import PAIR  # noqa: F401
+
+real = modern_train.loss_scale
+
+
+def loss_scale(args, replicas):
+    return 1.0 / replicas if args.multi_gpu == "replicate" else real(args, replicas)
+
+
+modern_train.loss_scale = loss_scale
+'''
+
+
+def test_command_line_fails_a_mean_for_replicates_sum_in_the_training_checks_and_names_it(tmp_path):
+    """`compare/run.py --pair MODULE`, the module a file of the user's beside no harness code, the mistake in
+    the port's own loss_scale: exit 1, exactly the replicate pairing's training checks FAIL, the cause named,
+    no traceback."""
+    (tmp_path / "planted_estimator.py").write_text(PLANTED)
+    report = tmp_path / "parity.json"
+    done = subprocess.run([sys.executable, "compare/run.py", "--pair", "planted_estimator", "--quick", "--only",
+                           "training", "--report", str(report)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert sorted(n for n, r in results.items() if r["status"] == "FAIL") == [
+        "replicate: forward (training, same dropout masks)", "replicate: gradients (read out of the train step)"]
+    gradients = results["replicate: gradients (read out of the train step)"]
+    assert gradients["worst"]["rel_l2"] > 100 * gradients["tolerance_rel_l2"]
+    assert gradients["diagnosis"]["cause"].startswith("likely cause [loss_scale]")
+    assert not [n for n, r in results.items() if r["status"] == "ERROR"]
+    assert results["mirrored: gradients (read out of the train step)"]["status"] == "PASS"
