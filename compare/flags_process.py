@@ -9,7 +9,7 @@ takes that long, the harness starts
 before the pairing's first check, so that these builds run beside its other checks, and reads the
 check's Result back from OUT.json in its place (compare.checks.flags.launch, collect).  IN.json names
 the adapter module and the programs it was made of, the pairing, the tower count, the seed, the data
-files, a scratch folder of its own and the start checkpoint.
+files, a scratch folder of its own, the start checkpoint and the step's tolerance.
 """
 import dataclasses
 import json
@@ -20,7 +20,8 @@ import sys
 def main(in_path: str, out_path: str) -> None:
     with open(in_path) as f:
         meta = json.load(f)
-    from compare import common
+    from compare import common, limits
+    limits.configure(float(meta["seconds"]), enforce=True)  # each build within the run's limit, as in the harness's
     common.setup_devices(int(meta["towers"]))  # before any TensorFlow op runs, as in the harness's process
     common.blas_on_one_thread()
     import warnings
@@ -37,7 +38,7 @@ def main(in_path: str, out_path: str) -> None:
         sides = flags.apart_sides(pair, pairing, int(meta["towers"]), meta["files"], meta["tmp_dir"],
                                   int(meta["seed"]), meta["start"])
         try:
-            result = flags.check_flags(sides, baseline_built=True)
+            result = flags.check_flags(sides, baseline_built=True, tolerance=float(meta["tolerance"]))
         finally:
             sides.close()
     report.write_json(out_path, [result], {"adapter": meta["adapter"], "pairing": meta["pairing"]})

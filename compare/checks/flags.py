@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from compare import common, optimizers, process, report, tf1_graph
+from compare import common, limits, optimizers, process, report, tf1_graph
 from compare.checks.basics import legacy_batches, modern_batches, shuffle_off, tower_dests
 from compare.measures import modern_rate_at
 from compare.legacy_run import LegacyRun
@@ -68,11 +68,12 @@ LABELS = {
     "file_order": "a shuffled epoch starts in file order", "same_first_batch": "two builds give the same first batch",
     "checksum": "checksum of the first batch", "dropout_rate": "dropout {} rate", "bn_decay": "{} decay",
     "bn_epsilon": "{} epsilon", "optimizer": "optimizer", "learning_rate": "learning rate at step {}",
-    "ema_decay": "moving-average decay at step {}", "loss": "step: loss", "grad_norm": "step: gradients' norm",
+    "ema_decay": "moving-average decay at step {}", "loss": "step: loss", "gradients": "step: gradients",
     "shadows": "step: moving averages after",
 }
 # What both sides' fingerprints say alike where a flag changes them (the rest is each side's own).
 COMPARABLE = frozenset({"rows", "valid_rows", "file_order", "learning_rate", "dropout_rate", "ema_decay"})
+STEP = frozenset({Key("loss"), Key("gradients")})
 ROWS = frozenset({"rows", "valid_rows"})
 Fingerprint = dict[Key, Any]
 
@@ -285,8 +286,9 @@ def one_tower_batch(sides: Sides, run: LegacyRun, seed: int) -> Batch:
 
 def step_result(sides: Sides, run: Union[LegacyRun, ModernRun], start: State) -> Fingerprint:
     """One training step from the common start, at a step past any warm-up (10^6) and with the shadows
-    moved off the weights, so that their update shows the decay, on fixed rows: loss, gradients' norm,
-    shadows after."""
+    moved off the weights, so that their update shows the decay, on fixed rows and fixed dropout masks
+    (the legacy towers keep every unit; the port's Dropout layers draw from one seed state, the same in
+    every build): its loss, its gradients, the shadows after."""
     state = start.replace(step=10 ** 6)
     if state.shadows:
         state = state.replace(shadows={n: w + np.float32(0.01) for n, w in state.shadows.items()})
@@ -300,13 +302,35 @@ def step_result(sides: Sides, run: Union[LegacyRun, ModernRun], start: State) ->
     else:
         batch = sides.batch(rows=sides.pair.rows_per_tower, seed=12)  # one replica's rows
         run.restore(state, sides.legacy.learning_rate_at(state.step))
+        for k, seed in enumerate(run.seeds):  # the same masks in every build, at the same rate
+            dtype = np.dtype(getattr(seed.dtype, "as_numpy_dtype", seed.dtype))
+            seed.assign(np.array([sides.seed + 977 + k, 0]).astype(dtype))
         outcome = run.step(batch, before=state)
         shadows = run.shadow_values()
-    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in outcome.gradients.values()))
-    result: Fingerprint = {Key("loss"): round(outcome.loss, 6), Key("grad_norm"): round(norm, 6)}
+    result: Fingerprint = {Key("loss"): float(outcome.loss),
+                           Key("gradients"): {n: np.asarray(g, np.float64) for n, g in outcome.gradients.items()}}
     if shadows:
         result[Key("shadows")] = round(sum(float(np.sum(v)) for v in shadows.values()), 5)
     return result
+
+
+def moved(key: Key, a: Any, b: Any, tolerance: float) -> bool:
+    """Whether `b` differs from `a`: a step's loss and gradients by more than `tolerance` (relative;
+    what the forward checks allow two steps that agree), everything else at all."""
+    if key.what == "loss" and a is not None and b is not None:
+        return not abs(b - a) <= tolerance * max(abs(a), 1e-30)
+    if key.what == "gradients" and a is not None and b is not None:
+        return step_distance(a, b) > tolerance
+    return bool(a != b)
+
+
+def step_distance(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """||b - a|| / ||a|| over every gradient (inf where they are not of the same variables)."""
+    if set(a) != set(b):
+        return math.inf
+    diff = math.sqrt(sum(float(np.sum(np.square(b[n] - a[n]))) for n in a))
+    norm = math.sqrt(sum(float(np.sum(np.square(a[n]))) for n in a))
+    return diff / norm if norm else (0.0 if diff == 0 else math.inf)
 
 
 def fixed(sides: Sides, run: LegacyRun, batch: Batch) -> Masks:
@@ -359,37 +383,52 @@ class Side:
             self._run = None
 
 
-def changed(base: Fingerprint, other: Fingerprint, noisy: set[Key]) -> list[Key]:
-    """The entries of `other` that differ from `base`, `noisy` ones aside, in the order of their labels."""
-    return sorted((k for k in other if k not in noisy and base.get(k) != other.get(k)), key=lambda k: k.label)
+def changed(base: Fingerprint, other: Fingerprint, noisy: set[Key], tolerance: float) -> list[Key]:
+    """The entries of `other` that differ from `base` (`moved`), `noisy` ones aside, in the order of
+    their labels."""
+    return sorted((k for k in other if k not in noisy and moved(k, base.get(k), other.get(k), tolerance)),
+                  key=lambda k: k.label)
 
 
 Sides2 = dict[str, Side]  # "legacy" / "modern" -> that side's fingerprints under some flags
 
 
-def first_changes(baseline: Sides2, again: Sides2, trial: Sides2) -> tuple[dict[str, list[Key]], dict[str, str]]:
+class Changes(NamedTuple):
+    """What one flag changes: per side, the entries it changes at the first level where it changes
+    any (`found`) and that level (`seen_at`); the sides whose step differs from one build to the next
+    under the same flags (`noisy_step`: their step is not judged)."""
+    found: dict[str, list[Key]]
+    seen_at: dict[str, str]
+    noisy_step: list[str]
+
+
+def first_changes(baseline: Sides2, again: Sides2, trial: Sides2, tolerance: float) -> Changes:
     """Per side, what the trial flags change, at the first level (pipeline, built, step) where they
     change anything, and that level.  The built level is deterministic (settings read off the build);
     the others are measured twice, and what varies from one build to the next is left out."""
     found: dict[str, list[Key]] = {}
     seen_at: dict[str, str] = {}
+    noisy_step: list[str] = []
     for level in ("pipeline", "built", "step"):
         for side in ("legacy", "modern"):
             if side in found:
                 continue
             noisy = set() if level == "built" else set(
-                changed(baseline[side].level(level), again[side].level(level), set()))
-            diff = changed(baseline[side].level(level), trial[side].level(level), noisy)
+                changed(baseline[side].level(level), again[side].level(level), set(), tolerance))
+            if level == "step" and noisy & STEP:
+                noisy_step.append(side)
+            diff = changed(baseline[side].level(level), trial[side].level(level), noisy, tolerance)
             if diff:
                 found[side], seen_at[side] = diff, level
         if len(found) == 2:
             break
-    return found, seen_at
+    return Changes(found, seen_at, noisy_step)
 
 
-def disagreements(trial: Sides2, found: dict[str, list[Key]], seen_at: dict[str, str]) -> list[str]:
+def disagreements(trial: Sides2, changes: Changes) -> list[str]:
     """What both sides changed where the two are comparable, and do not agree on."""
     differ = []
+    found, seen_at = changes.found, changes.seen_at
     for key in set(found.get("legacy", [])) & set(found.get("modern", [])):
         if key.what in COMPARABLE:
             a, b = (trial["legacy"].level(seen_at["legacy"]).get(key),
@@ -403,12 +442,29 @@ def disagreements(trial: Sides2, found: dict[str, list[Key]], seen_at: dict[str,
     return differ
 
 
-def judge_flag(argv: Sequence[str], found: dict[str, list[Key]], differ: list[str]) -> TensorError:
+def step_moves(baseline: Sides2, trial: Sides2, side: str) -> str:
+    """How far the trial flags moved `side`'s step from the baseline's: its loss and its gradients."""
+    a, b = baseline[side].level("step"), trial[side].level("step")
+    loss_a, loss_b = a[Key("loss")], b[Key("loss")]
+    return (f"loss {loss_a:.6g} -> {loss_b:.6g}, gradients moved by "
+            f"{step_distance(a[Key('gradients')], b[Key('gradients')]):.2g} (relative L2)")
+
+
+def judge_flag(argv: Sequence[str], changes: Changes, differ: list[str], baseline: Sides2, trial: Sides2,
+               tolerance: float) -> TensorError:
     """One flag's row: what it changes on each side (max_abs, max_rel: how many entries), FAIL (inf)
-    where it changes nothing on a side or the sides disagree."""
+    where it changes nothing on a side or the sides disagree.  A side whose step it does not move
+    while the other's step moves is shown with both steps' numbers."""
+    found = changes.found
     missing = [s for s in ("legacy", "modern") if s not in found]
-    if missing:
-        detail = f"changes nothing the {' and '.join(missing)} program builds"
+    if len(missing) == 1 and changes.seen_at.get("legacy" if missing == ["modern"] else "modern") == "step":
+        side, other = missing[0], "legacy" if missing == ["modern"] else "modern"
+        detail = (f"moves the {other} program's step ({step_moves(baseline, trial, other)}) and nothing of the "
+                  f"{side} program, its step included ({step_moves(baseline, trial, side)}; tolerance "
+                  f"{tolerance:.2g})")
+    elif missing:
+        detail = (f"changes nothing the {' and '.join(missing)} program builds"
+                  + (" or steps" if all(s not in changes.noisy_step for s in missing) else ""))
     elif differ:
         detail = "; ".join(differ[:2])
     else:
@@ -424,11 +480,14 @@ def base_argv(pair: Pair, pairing: Pairing, towers: int) -> tuple[list[str], lis
             [pair.modern.replica_flag, str(towers), *pair.harness_argv(towers), *pairing.modern_argv])
 
 
-def check_flags(sides: Sides, baseline_built: bool = False) -> Result:
+def check_flags(sides: Sides, baseline_built: bool = False, tolerance: Optional[float] = None) -> Result:
     """See the module docstring.  baseline_built: `sides` are the programs built under the harness's
     flags with one tower, as this check builds them (`apart_sides`, in a process of the check's own),
-    taken as its baseline; their start is read when a step level needs it."""
+    taken as its baseline; their start is read when a step level needs it.  tolerance: how far a
+    step's loss and gradients may move and still be the same step (default: the pairing's model
+    tolerance, what the forward checks allow)."""
     pair, name = sides.pair, f"{sides.label}flags through what they build"
+    tolerance = sides.tol.model.rel_l2 if tolerance is None else tolerance
     base_l, base_m = base_argv(pair, sides.pairing, sides.towers)
     parse_l = lambda argv: parse_quietly(pair.legacy.parse_args, argv)  # noqa: E731
     parse_m = lambda argv: parse_quietly(pair.modern.parse_args, argv)  # noqa: E731
@@ -448,7 +507,8 @@ def check_flags(sides: Sides, baseline_built: bool = False) -> Result:
     again = sides_under(parse_l(base_l), parse_m(base_m))
     errors, notes, opened = [], [], list(baseline.values()) + list(again.values())
     unfed: list[str] = []
-    unseen: list[str] = []  # flags that change nothing on a side
+    unjudged: list[str] = []  # flags a side's step could not be judged on (it differs from build to build)
+    unseen: list[str] = []  # flags that change nothing on either side, its step included
     try:
         for flag in shared:
             argv, flags_l = value_for(flag, parse_l, base_l, given)
@@ -460,32 +520,45 @@ def check_flags(sides: Sides, baseline_built: bool = False) -> Result:
             trial = sides_under(flags_l, flags_m)
             opened += list(trial.values())
             try:
-                found, seen_at = first_changes(baseline, again, trial)
+                changes = first_changes(baseline, again, trial, tolerance)
+                noisy = [s for s in ("legacy", "modern") if s not in changes.found and s in changes.noisy_step]
+                row = None if noisy else judge_flag(argv, changes, disagreements(trial, changes), baseline, trial,
+                                                    tolerance)
             except NotFed as why:  # this value builds a program no batch of the harness's fits
                 unfed.append(f"{' '.join(argv)} ({why})")
                 continue
             finally:
                 for s in trial.values():
                     s.close()
-            errors.append(judge_flag(argv, found, disagreements(trial, found, seen_at)))
-            if any(side not in found for side in ("legacy", "modern")):
+            if row is None:
+                unjudged.append(f"{' '.join(argv)} (the {' and '.join(noisy)} step differs from one build to the "
+                                f"next under the same flags)")
+                continue
+            errors.append(row)
+            if not changes.found:
                 unseen.append(f"--{flag}")
-            notes.append(f"{flag} ({seen_at.get('legacy', '-')}/{seen_at.get('modern', '-')})")
+            notes.append(f"{flag} ({changes.seen_at.get('legacy', '-')}/{changes.seen_at.get('modern', '-')})")
     finally:
         for s in opened:
             s.close()
     loop = ", ".join(f"{f} ({why})" for f, why in sorted(pair.loop_flags.items()))
     if not errors:  # nothing judged is no PASS
-        return not_applicable(name, pair.name, f"no shared flag could be judged: no batch of the harness's fits what "
-                                               f"they build: {'; '.join(unfed)}")
+        return not_applicable(name, pair.name, f"no shared flag could be judged: "
+                                               f"{'; '.join(unfed + unjudged)}")
+    # Only a flag that moves neither program, its step included, can be one the training loop alone reads.
     hint = (f"; a flag only the training loop reads is named so (an adapter's loop_flags, or --loop on the "
             f"command line): {', '.join(unseen)}?" if unseen else "")
-    return judge(name, pair.name, errors, "exact", ok=all(e.rel_l2 == 0 for e in errors),
-                 note=f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
+    failing = [e.name.split(":")[0] for e in errors if e.rel_l2 != 0]
+    return judge(name, pair.name, errors, "exact", ok=not failing,
+                 note=(f"failing: {', '.join(failing)}; " if failing else "")
+                      + f"{len(shared)} shared flags, each changed alone, seen at (legacy/modern): {', '.join(notes)}"
+                      f" (a step: its loss and gradients from the same state, rows and dropout masks, moved by more "
+                      f"than {tolerance:.2g})"
                       + hint
                       + (f"; not judged here, each for the pair's reason: {loop}" if loop else "")
                       + (f"; not judged, no batch of the harness's fits what they build: {'; '.join(unfed)}"
-                         if unfed else ""))
+                         if unfed else "")
+                      + (f"; not judged: {'; '.join(unjudged)}" if unjudged else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,7 +594,8 @@ def launch(sides: Sides) -> Optional[Apart]:
     os.makedirs(files["scratch"], exist_ok=True)
     meta = {"adapter": sides.pair.module, "programs": dict(sides.pair.programs), "pairing": sides.pairing.label,
             "same_rows": sides.pairing.same_rows_on_every_tower, "towers": sides.towers, "seed": sides.seed,
-            "files": files, "tmp_dir": sides.tmp_dir, "start": sides.start_path}
+            "files": files, "tmp_dir": sides.tmp_dir, "start": sides.start_path,
+            "tolerance": sides.tol.model.rel_l2, "seconds": limits.seconds()}
     with open(stem + "_in.json", "w") as f:
         json.dump(meta, f)
     return Apart(process.start("compare.flags_process", [stem + "_in.json", stem + "_out.json"], stem + ".log"),
@@ -532,7 +606,10 @@ def collect(sides: Sides, begun: Any, log: Callable[[str], None]) -> Result:
     """This check's result, read back from the process `launch` began; run here where none was begun,
     or where it failed (the progress log says how)."""
     if isinstance(begun, Apart):
-        code = begun.started.wait(timeout=3600)
+        code = begun.started.wait(timeout=3600)  # each of its builds has the run's limit there
+        line = limits.own_line(begun.started.log_path) if code == limits.EXIT_STATUS else None
+        if line:
+            limits.out_of_time(line)
         if code == 0 and os.path.exists(begun.out_path):
             return report.read_json(begun.out_path)[0]
         log(f"{sides.pair.name}: {sides.label}the flags check's own process ended with exit code {code} "

@@ -9,8 +9,9 @@ fewer changes only what is evaluated.  So these are read off each side's structu
                 the graph (each `L2Loss` of the variable (sum / 2) or `Sum(Square)` of it, times the
                 constants it is multiplied by; the note says how many the loss holds); modern, from each
                 weight's Keras regulariser (kernel_regularizer, bias_regularizer: what model.losses
-                sums), evaluated on probes (a regulariser the port adds in its step by hand is judged
-                by the gradients, not here).  The same variables, at the same scale (a few roundings:
+                sums), evaluated on probes.  A port whose model holds no regulariser at all adds
+                what it adds in its step by hand: that is judged by the step (the gradients, and the
+                flags check through the step), not here.  The same variables, at the same scale (a few roundings:
                 the scale is a float32 constant on both sides).
   averaged      the variables whose moving average each side keeps (capability 'moving_averages').
   trained       the variables each side trains (the variables check compares them too).
@@ -37,7 +38,10 @@ def check_structure(sides: Sides) -> Result:
     errors: list[TensorError] = []
     reg_l, added = legacy_regularisers(sides)
     reg_m, other = modern_regularisers(sides)
-    for n in sorted(set(reg_l) | set(reg_m)):
+    # A port whose model holds no regulariser at all adds its own in its step, if any: that is judged
+    # by the step (the gradients checks, and the flags check through the step), not read off the model.
+    by_hand = bool(reg_l) and not reg_m and not other
+    for n in sorted(set(reg_l) | set(reg_m)) if not by_hand else ():
         a, b = reg_m.get(n, 0.0), reg_l.get(n, 0.0)
         label = (f"{n} regularised by the port only" if not b else f"{n} not regularised by the port" if not a
                  else f"{n} L2 coefficient")
@@ -45,7 +49,9 @@ def check_structure(sides: Sides) -> Result:
                       else TensorError(label, abs(a - b), math.inf, math.inf))
     errors += [TensorError(f"{n}: the port's loss term is not an L2 term c sum(w^2)", 0.0, math.inf, math.inf)
                for n in other]
-    notes = [f"regularised: legacy {len(reg_l)} ({len(added)} of them in its loss), modern {len(reg_m)} variables"]
+    notes = [f"regularised: legacy {len(reg_l)} ({len(added)} of them in its loss), modern {len(reg_m)} variables"
+             + ("; the port's model holds no regulariser: what its step adds is judged by the step (the "
+                "gradients, and the flags check through the step), not here" if by_hand else "")]
     if "moving_averages" in sides.pair.capabilities and (legacy.shadows or modern.shadows):
         only_l = sorted(set(legacy.shadows) - set(modern.shadows))
         only_m = sorted(set(modern.shadows) - set(legacy.shadows))
@@ -58,5 +64,7 @@ def check_structure(sides: Sides) -> Result:
     errors += [TensorError(f"{n} trained by the port only", 1.0, math.inf, math.inf)
                for n in sorted(trained_m - set(legacy.trainable))]
     notes.append(f"trained: {len(legacy.trainable)} variables")
-    return judge(name, sides.pair.name, errors or [TensorError("nothing regularised or averaged on either side",
-                                                               0.0, 0.0, 0.0)], SCALE_TOLERANCE, note="; ".join(notes))
+    nothing = ("the same variables trained; the port regularises in its step" if by_hand
+               else "nothing regularised or averaged on either side")
+    return judge(name, sides.pair.name, errors or [TensorError(nothing, 0.0, 0.0, 0.0)], SCALE_TOLERANCE,
+                 note="; ".join(notes))
