@@ -41,7 +41,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import signal
 import sys
 import tempfile
 import threading
@@ -53,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import values as ds_values
 
-from compare import estimator_capture, tf1_graph
+from compare import estimator_capture, limits, tf1_graph
 from compare.interface import Batch, DataFiles, LegacyGraph, LegacyPipeline, NotFed, TowerFeed
 from compare.legacy_run import HarnessError
 from compare.optimizers import TF1_OPS
@@ -71,15 +70,15 @@ else:  # Python 3.10, which TensorFlow 2.21 still supports, has no contextlib.ch
             os.chdir(before)
 
 tf1 = tf.compat.v1
-CAPTURE_SECONDS = 600  # a program that has not reached its first training step by then never will, for the harness
+CAPTURE_SECONDS = limits.SECONDS  # each phase's seconds unless the run sets its own (compare.limits)
 
 
 class CaptureError(HarnessError):
     """The program could not be captured (the message says what it did instead)."""
 
 
-class TimedOut(BaseException):
-    """Raised inside a program when its time to reach its first training step is up (`time_limit`)."""
+class CaptureOutOfTime(CaptureError, limits.OutOfTime):
+    """The program ran its seconds without reaching what the harness came for (one line)."""
 
 
 class Stop(BaseException):
@@ -139,43 +138,25 @@ def training_fetch(graph: Any, fetches: Any) -> Optional[Any]:
     return None
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """TimedOut raised in the main thread after `seconds` (no limit off the main thread)."""
-    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
-        yield
-        return
-
-    def expire(*_: Any) -> None:
-        raise TimedOut()
-
-    before = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
-
-
-def run_to_stop(env: Any, argv: Sequence[str], seconds: float) -> tuple[Optional[int], bool]:
+def run_to_stop(env: Any, argv: Sequence[str], seconds: Optional[float], what: str) -> tuple[Optional[int], bool]:
     """Run a program in its environment (`env.run_program`) until it ends, is stopped (`Stop`) or its
-    `seconds` are up: (its exit status, None where it did not end; whether its time ran out)."""
+    `seconds` are up (the phase `what`, compare.limits; None: the run's limit): (its exit status, None
+    where it did not end; whether its time ran out)."""
     try:
-        with time_limit(seconds):
+        with limits.phase(what, seconds):
             return env.run_program(list(argv)), False
     except Stop:
         return None, False
-    except TimedOut:
+    except limits.OutOfTime:
         return None, True
 
 
 def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str] = None,
-            log: Callable[[str], None] = print, seconds: float = CAPTURE_SECONDS) -> Captured:
+            log: Callable[[str], None] = print, seconds: Optional[float] = None) -> Captured:
     """Run `program` with `argv` under legacy.run_tf1 until its first training Session.run; its graph
     (every graph it makes gets the graph-level seed `seed`); where that run is inside `Estimator.train`,
     the Estimator's model_fn in EVAL mode too, in a graph of its own (compare.estimator_capture).
-    CaptureError if it ends, fails or runs `seconds` first."""
+    CaptureError if it ends, fails or runs `seconds` first (default: the run's limit, compare.limits)."""
     from legacy.run_tf1 import tf1_environment
     from tensorflow.python.client import session as tf_session
     from tensorflow.python.framework import ops
@@ -209,11 +190,14 @@ def capture(program: str, argv: Sequence[str], seed: int = 0, cwd: Optional[str]
         with mock.patch.object(tf_session.BaseSession, "run", session_run), \
                 mock.patch.object(ops.Graph, "__init__", seeded_graph), \
                 mock.patch.object(ops.Graph, "finalize", held_finalize), watch.patched():
-            status, timed_out = run_to_stop(env, argv, seconds)
+            status, timed_out = run_to_stop(env, argv, seconds,
+                                            f"running {program} to its first training Session.run")
         env_line[0] = env.device_line
     if not taken:
-        why = stopped_short(env, status, timed_out, f"it ran {seconds:g} s without a training Session.run")
-        raise CaptureError(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
+        limit = limits.seconds() if seconds is None else seconds
+        why = stopped_short(env, status, timed_out, f"it ran {limit:g} s without a training Session.run")
+        error = CaptureOutOfTime if timed_out else CaptureError
+        raise error(f"no training Session.run to capture: {why}; run as {program} {' '.join(argv)}")
     return dataclasses.replace(taken[0], device_line=env_line[0], finalized=id(taken[0].graph) in asked)
 
 
@@ -315,7 +299,8 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
         with mock.patch.object(absl_flags.FlagValues, "__call__", absl_parse), \
                 mock.patch.object(argparse.ArgumentParser, "parse_known_args", argparse_parse):
             try:
-                env.run_program(list(argv))
+                with limits.phase(f"reading the flags of {program}"):
+                    env.run_program(list(argv))
             except Stop:
                 pass
     flags = parsed[0] if parsed else argparse.Namespace()
@@ -327,11 +312,11 @@ def parse_flags(program: str, argv: Sequence[str], cwd: Optional[str] = None,
 # An Estimator program's own evaluation of a checkpoint
 
 def estimator_evaluation(program: str, argv: Sequence[str], checkpoint: str, cwd: Optional[str] = None,
-                         seconds: float = 600) -> Mapping[str, float]:
+                         seconds: Optional[float] = None) -> Mapping[str, float]:
     """The metrics the program's first `Estimator.evaluate` returns for `checkpoint`, run as
     `program argv` with every `Estimator.train` skipped (it returns at once, the graph never built) and
     that evaluate given `checkpoint_path=checkpoint`: the program's own input_fn, model_fn in EVAL mode
-    and metrics.  CaptureError if the program evaluates nothing in `seconds`."""
+    and metrics.  CaptureError if the program evaluates nothing in `seconds` (default: the run's limit)."""
     from legacy.run_tf1 import tf1_environment
 
     cls = estimator_capture.estimator_class()
@@ -348,11 +333,13 @@ def estimator_evaluation(program: str, argv: Sequence[str], checkpoint: str, cwd
 
     with working_directory(cwd), quiet_tensorflow(), tf1_environment(program, log=lambda _: None) as env, \
             mock.patch.object(cls, "train", skipped_train), mock.patch.object(cls, "evaluate", given_checkpoint):
-        status, timed_out = run_to_stop(env, argv, seconds)
+        status, timed_out = run_to_stop(env, argv, seconds, f"{program}'s own Estimator.evaluate")
     if not got:
-        why = stopped_short(env, status, timed_out, f"it ran {seconds:g} s without an Estimator.evaluate")
-        raise CaptureError(f"the program's evaluation: no Estimator.evaluate with training skipped: {why}; run as "
-                           f"{os.path.basename(program)} {' '.join(argv)}")
+        limit = limits.seconds() if seconds is None else seconds
+        why = stopped_short(env, status, timed_out, f"it ran {limit:g} s without an Estimator.evaluate")
+        error = CaptureOutOfTime if timed_out else CaptureError
+        raise error(f"the program's evaluation: no Estimator.evaluate with training skipped: {why}; run as "
+                    f"{os.path.basename(program)} {' '.join(argv)}")
     return {k: float(np.asarray(v)) for k, v in got[0].items() if np.size(v) == 1}
 
 
@@ -386,6 +373,7 @@ class Found:
     tower_logits: list[Any]
     inputs: list[TowerInput]
     tower_weights: Optional[list[float]] = None  # each tower's weight in what is applied (tower_weights)
+    uncut: Optional[str] = None  # where a tower's rows come through an op that takes rows of its own (Uncut)
 
 
 GRAD_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/(.+?)_grad(?:_\d+)?/")
@@ -551,10 +539,19 @@ def find(graph: Any, train_op: Any) -> Found:
     starts = gradient_starts(graph, updates)
     losses = list(starts)
     global_step = find_global_step(graph, ahead, by_name)
+    rows: list[TowerInput] = []
+    uncut: Optional[str] = None
+    for i, loss in enumerate(losses):
+        try:
+            source = tower_input(loss)
+        except tf1_graph.Uncut as op:
+            uncut = uncut or f"tower {i}'s labels reach its cross-entropy through {op}"
+            continue
+        if source is not None:
+            rows.append(source)
     return Found(train_op, updates, pairs, rates[0] if rates else None, global_step, losses,
-                 [tf1_graph.logits_of(loss) for loss in losses],
-                 [t for t in (tower_input(loss) for loss in losses) if t],
-                 tower_weights([g for g, _ in pairs], list(starts.values())))
+                 [tf1_graph.logits_of(loss) for loss in losses], rows,
+                 tower_weights([g for g, _ in pairs], list(starts.values())), uncut)
 
 
 def find_global_step(graph: Any, ahead: set[Any], by_name: dict[str, Any]) -> Any:
@@ -790,7 +787,7 @@ class CapturedLegacy:
     graph and Found; every one named is used, and a name of no field is refused when the side is made.
     evaluate: an optional (flags, checkpoint, files) -> metrics.  pipeline_steps: with a queue-runner or iterator
     input found, the pipeline check reads this many steps of it (capability 'pipelines').  seconds: its time to
-    reach a training step.
+    reach a training step (default: the run's limit, compare.limits: compare/run.py --capture_seconds).
     """
 
     def __init__(self, program: str, files_argv: Callable[[int, DataFiles], Sequence[str]], tower_flag: str,
@@ -798,7 +795,7 @@ class CapturedLegacy:
                  names: Optional[Mapping[str, Callable[[Any, Found], Any]]] = None,
                  evaluate: Optional[Callable[[argparse.Namespace, str, DataFiles], Mapping[str, float]]] = None,
                  pipeline_steps: int = 0, log: Callable[[str], None] = lambda _: None,
-                 seconds: float = CAPTURE_SECONDS):
+                 seconds: Optional[float] = None):
         self.program, self.files_argv, self.tower_flag, self.seconds = program, files_argv, tower_flag, seconds
         self.cwd, self.names, self.pipeline_steps, self.log = cwd, dict(names or {}), pipeline_steps, log
         unknown = sorted(set(self.names) - set(NAMES))
@@ -845,6 +842,10 @@ class CapturedLegacy:
         if any(t is None for t in logits):
             raise CaptureError("a tower's logits are not the first input of a softmax cross-entropy: name them "
                                "(names={'tower_logits': ...})")
+        if found.uncut and "inputs" not in named:
+            raise CaptureError(f"{found.uncut}, which takes rows of its own choosing: the harness cannot cut a batch "
+                               f"into the towers' rows; name each tower's input in an adapter (CapturedLegacy(names="
+                               f"{{'inputs': ...}}), a TowerInput each)")
         if len(inputs) != len(losses):
             raise CaptureError(f"found the input rows of {len(inputs)} of {len(losses)} towers: name them "
                                f"(names={{'inputs': ...}})")

@@ -140,7 +140,15 @@ def inference_of(evaluated: Optional[EvalGraph], images: Any, labels: Any) -> Op
     y = evaluated.placeholders[names.index(labels.name)]
     xents = forward_xents(evaluated.loss)
     logits = [tf1_graph.logits_of(op.outputs[0]) for op in xents]
-    parts = [tf1_graph.source_of(op.inputs[1]) for op in xents]
+    try:
+        parts = [tf1_graph.source_of(op.inputs[1]) for op in xents]
+    except tf1_graph.Uncut as uncut:
+        why_uncut = (f"the EVAL graph's towers take their rows through {uncut}, which the harness cannot cut a "
+                     f"batch into")
+
+        def uncut_feed(batch: Batch) -> TowerFeed:
+            raise NotFed(why_uncut)
+        return LegacyInference(graph=evaluated.graph, tower_logits=[], feed=uncut_feed, variables={})
     with evaluated.graph.as_default():
         variables = {v.op.name: v for v in tf1.global_variables()}
 

@@ -506,10 +506,43 @@ def rows_slice(op: Any) -> bool:
     return strides is not None and list(np.ravel(strides)) == [1]
 
 
+# Ops that take other rows than their input's, in an order or number of their own: a tower's rows cut
+# by one of them are no tf.split part or slice of its source the harness could cut a batch into.
+TAKES_ROWS = ("Gather", "GatherV2", "ResourceGather", "GatherNd", "Slice", "StridedSlice", "DynamicPartition",
+              "Tile", "RandomShuffle", "Concat", "ConcatV2", "Pack", "Where")
+
+
+def every_row(op: Any) -> bool:
+    """Whether a slice takes every row of its input, in order (`x[:, 0]`, `x[..., :3]`,
+    `tf.slice(x, [0, k], [-1, n])`): it cuts other axes only."""
+    if op.type == "StridedSlice":
+        if op.get_attr("ellipsis_mask") & 1:
+            return True
+        if op.get_attr("new_axis_mask") & 1 or op.get_attr("shrink_axis_mask") & 1:
+            return False
+        strides = tf.get_static_value(op.inputs[3])
+        return bool(op.get_attr("begin_mask") & 1 and op.get_attr("end_mask") & 1) and strides is not None \
+            and int(np.ravel(strides)[0]) == 1
+    if op.type == "Slice":
+        begin, size = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
+        return begin is not None and size is not None and int(np.ravel(begin)[0]) == 0 \
+            and int(np.ravel(size)[0]) == -1
+    return False
+
+
+class Uncut(Exception):
+    """A tower's rows reach it through an op that takes rows of its own choosing (TAKES_ROWS)."""
+
+    def __init__(self, op: Any):
+        super().__init__(f"{op.type} {op.name}")
+        self.op = op
+
+
 def source_of(tensor: Any) -> tuple[Optional[Any], int, int, Optional[tuple[Any, Any]]]:
     """(the source output `tensor` derives from, the split part it takes, the number of parts, the
     bounds of the slice of rows it takes): walked back through single-input ops, tf.split and a
-    slice of rows."""
+    slice of rows.  Uncut where the walk meets an op that takes rows of its own (a tf.gather, a
+    tf.slice, a second slice of rows): the rows it takes are not known without running it."""
     part, parts, bounds, seen = 0, 1, None, 0
     while tensor is not None and seen < 64:
         op = tensor.op
@@ -520,6 +553,8 @@ def source_of(tensor: Any) -> tuple[Optional[Any], int, int, Optional[tuple[Any,
             tensor = op.inputs[1] if op.type == "Split" else op.inputs[0]
         elif bounds is None and rows_slice(op):
             bounds, tensor = (op.inputs[1], op.inputs[2]), op.inputs[0]
+        elif op.type in TAKES_ROWS and not every_row(op):
+            raise Uncut(op)
         else:
             data = [i for i in op.inputs if i.dtype != tf.int32 or op.type in ("OneHot", "Cast", "Identity")]
             tensor = data[0] if data else None

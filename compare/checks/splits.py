@@ -1,8 +1,9 @@
 """Batches that do not split evenly: short, uneven, fewer rows than towers, a replica left empty.
 
 Each prediction is computed from how the legacy program hands the batch to its towers (the rows
-and weights of its TowerFeed) and how the modern input path hands it to the replicas (each
-replica's rows and weights, read off the distributed element):
+of its TowerFeed, and each tower's share of the step, its weight over the weights' sum: a
+model_deploy clone weighs 1 and divides its own loss by the clones) and how the modern input path
+hands it to the replicas (each replica's rows and weights, read off the distributed element):
 
   short batch       a multiple of the towers, fewer rows than a full one: legacy = modern.
   uneven batch      N b - 1 rows.
@@ -128,6 +129,16 @@ def check_uneven(sides: Sides) -> list[Result]:
     return results
 
 
+def shares(feed: TowerFeed) -> np.ndarray:
+    """Each tower's share of the step, w_i / sum(w): the TowerFeed's weights are the towers' weights in
+    the combined loss, where a tower's loss may hold a factor of its own (a model_deploy clone's loss
+    is divided by the clone count, and its weight is 1).  How large the step is as a whole is the
+    forward and gradient checks' to judge; these checks judge how the batch is shared among its rows."""
+    weights = np.asarray(feed.weights, np.float64)
+    total = float(np.sum(weights))
+    return weights / total if total else weights
+
+
 def judge_cut(sides: Sides, rows: int, case: str, seed: int) -> Result:
     """One batch of `rows` rows, judged by how the legacy program cuts it over its towers (see the
     module docstring): equal, remainder dropped, or towers weighted equally."""
@@ -139,9 +150,11 @@ def judge_cut(sides: Sides, rows: int, case: str, seed: int) -> Result:
     sizes = [len(r) for r in kept]
     seen = set(np.concatenate(kept).tolist()) if kept else set()
     keeps_all = keeps_every_row(batch, step.replicas)
-    cut = (f"{rows} rows: legacy towers {[len(r) for r in feed.rows]} (weights {np.round(feed.weights, 4).tolist()})"
-           f", modern rows {step.rows}")
-    weighted_by_rows = np.allclose(feed.weights, [len(r) / rows for r in feed.rows], rtol=1e-6)
+    share = shares(feed)
+    shared = "" if np.allclose(share, feed.weights) else f", shares {np.round(share, 4).tolist()}"
+    cut = (f"{rows} rows: legacy towers {[len(r) for r in feed.rows]} (weights {np.round(feed.weights, 4).tolist()}"
+           f"{shared}), modern rows {step.rows}")
+    weighted_by_rows = np.allclose(share, [len(r) / rows for r in feed.rows], rtol=1e-6)
     same_rows = all(len(r) == rows for r in feed.rows)  # every tower sees every row
     if len(seen) == rows and (weighted_by_rows or same_rows):
         return judge(f"{sides.label}split: {case}", sides.pair.name, errors_of(sides, both.legacy, step),
@@ -192,7 +205,7 @@ def check_equal_weights(sides: Sides, batch: Batch, feed: TowerFeed, legacy: Ste
                                                      "prediction needs rows independent of each other (the model "
                                                      "has batch norm or dropout)")
     loss_p, grads_p = 0.0, {k: np.zeros(np.shape(g)) for k, g in legacy.gradients.items()}
-    for rows, w in zip(feed.rows, feed.weights):
+    for rows, w in zip(feed.rows, shares(feed)):
         if not len(rows) or not w:
             continue
         sides.set_modern(sides.start)
