@@ -19,6 +19,7 @@ from compare import tolerances
 from compare.checks import basics, registry
 from compare.checks.registry import Context, origin, run_check
 from compare.interface import GROUPS, AdapterError, DataFiles, Pair, validate
+from compare.limits import OutOfTime
 from compare.programs import Programs
 from compare.report import Result
 from compare.settings import Settings
@@ -74,7 +75,7 @@ def build_pairings(pair: Pair, settings: Settings, files: DataFiles, tmp_dir: st
                                            checkpoint=settings.checkpoint, start_path=start_path, log=log,
                                            modern=modern_by_argv.get(pairing.modern_argv), ready=derive,
                                            trace=index == len(todo) - 1)
-        except (AdapterError, HarnessError):
+        except (AdapterError, HarnessError, OutOfTime):
             close(built)
             raise
         except Exception as error:  # an adapter or program that fails to build: one line, nothing judged

@@ -60,13 +60,18 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-from compare.capture import (CAPTURE_SECONDS, Stop, last_frame, parse_flags, quiet_tensorflow, run_to_stop,
+from compare import limits
+from compare.capture import (Stop, last_frame, parse_flags, quiet_tensorflow, run_to_stop,
                              working_directory)
 from compare.interface import Batch, DataFiles, ModernBuild, NotFed, StepResult
 from compare.legacy_run import HarnessError
 
 class PortCaptureError(HarnessError):
     """The port could not be captured (the message says what it did instead)."""
+
+
+class PortOutOfTime(PortCaptureError, limits.OutOfTime):
+    """The port ran its seconds without reaching its first training step (one line)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +319,7 @@ def same_values(a: Any, b: Any) -> bool:
     return len(flat_a) == len(flat_b) and all(x is y for x, y in zip(flat_a, flat_b))
 
 
-def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SECONDS, cwd: Optional[str] = None,
+def capture_port(program: str, argv: Sequence[str], seconds: Optional[float] = None, cwd: Optional[str] = None,
                  log: Callable[[str], None] = print) -> Taken:
     """Run the port `program` with `argv` until its first training step is about to run; what it built.
     PortCaptureError, one line, if it ends, fails or runs out of time first."""
@@ -323,12 +328,15 @@ def capture_port(program: str, argv: Sequence[str], seconds: float = CAPTURE_SEC
         with contextlib.ExitStack() as stack:
             for patch in watch.patches():
                 stack.enter_context(patch)
-            status, timed_out = run_to_stop(env, argv, seconds)
+            status, timed_out = run_to_stop(env, argv, seconds, f"running the port {program} to its first training "
+                                                                f"step")
     taken = watch.taken()
     run_as = f"run as {program} {' '.join(argv)}"
     if taken is None:
         if timed_out:
-            why = f"it ran {seconds:g} s without calling strategy.run inside a tf.function"
+            why = (f"it ran {limits.seconds() if seconds is None else seconds:g} s without calling strategy.run "
+                   f"inside a tf.function")
+            raise PortOutOfTime(f"no training step of the port to capture: {why}; {run_as}")
         elif env.failure is not None:
             error = env.failure.error
             why = (f"it raised {type(error).__name__} at {env.failure.where} "
@@ -436,12 +444,13 @@ class CapturedPort:
 
     program: the port's .py file.  replica_flag: its flag for the number of replicas.  files_argv:
     (files) -> the arguments that point it at the harness's files, or None.  seconds: its time to
-    reach a training step.  It makes its own strategy: the harness takes it from the capture.
+    reach a training step (default: the run's limit, compare.limits).  It makes its own strategy: the
+    harness takes it from the capture.
     """
     makes_its_strategy = True
 
     def __init__(self, program: str, replica_flag: str,
-                 files_argv: Optional[Callable[[DataFiles], Sequence[str]]] = None, seconds: float = CAPTURE_SECONDS,
+                 files_argv: Optional[Callable[[DataFiles], Sequence[str]]] = None, seconds: Optional[float] = None,
                  log: Callable[[str], None] = lambda _: None):
         self.program, self.replica_flag, self.files_argv = program, replica_flag, files_argv
         self.seconds, self.log = seconds, log

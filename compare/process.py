@@ -3,6 +3,7 @@
     started = process.start("compare.tf1_runtime", [in_path, out_path], log_path)
     ...                                       # the harness's other checks
     started.wait(timeout=900)                 # its exit code; its output is in log_path
+    started.wait_limited("the TF1-runtime process of train.py")   # the same, within the run's limit
 
 The module runs with this repository, the current folder and this process's own path on its path
 (it finds the adapter modules the harness loaded where the harness found them), its output to a file
@@ -33,6 +34,12 @@ class Started:
             self.stop()
             raise
 
+    def wait_limited(self, what: str) -> int:
+        """Its exit code, given the run's limit from now as the phase `what` (compare.limits): past it,
+        or where the process itself ran out of time, the run ends as the limit says."""
+        from compare import limits
+        return limits.wait(self.process, what, self.log_path)
+
     def stop(self) -> None:
         """End the process if it still runs (a run that ends before collecting it)."""
         if self.process.poll() is None:
@@ -52,4 +59,6 @@ def start(module: str, argv: Sequence[str], log_path: str) -> Started:
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT)
+    from compare import limits
+    limits.started(process)
     return Started(process, log_path)

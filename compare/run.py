@@ -108,7 +108,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="with --legacy/--modern: an argument for the port alone (--modern_arg=--flag=value); "
                         "repeatable")
     p.add_argument("--capture_seconds", type=at_least(1), default=600, metavar="S",
-                   help="with --legacy/--modern: each program's time to reach its first training step (default: 600)")
+                   help="the seconds of each phase that runs a program: reading its flags, each run of it to its "
+                        "first training step, its own evaluation, reading its input rows, the TF1-runtime process; "
+                        "past them one line names the phase and the program, and the run exits with status 2 "
+                        "(compare/limits.py) (default: 600)")
     argv = list(sys.argv[1:] if argv is None else argv)
     both = argv[argv.index("--") + 1:] if "--" in argv else []
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -121,10 +124,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 p.error(f"{program}: not a Python file")
         if args.model or args.pair or args.program:
             p.error("--legacy/--modern judge two programs alone: no --model, --pair or --program beside them")
-    elif (both or args.tower_flag or args.replica_flag or args.loop or args.capture_seconds != 600 or args.legacy_arg
-          or args.modern_arg):
-        p.error("arguments after --, --tower_flag, --replica_flag, --loop, --legacy_arg, --modern_arg and "
-                "--capture_seconds go with --legacy/--modern")
+    elif both or args.tower_flag or args.replica_flag or args.loop or args.legacy_arg or args.modern_arg:
+        p.error("arguments after --, --tower_flag, --replica_flag, --loop, --legacy_arg and --modern_arg go with "
+                "--legacy/--modern")
     args.programs = {}
     for spec in args.program:
         role, _, module = spec.partition("=")
@@ -172,7 +174,7 @@ def child_argv(module: str, args: argparse.Namespace, report_path: str) -> list[
     argv += ["--steps", str(args.steps)] if args.steps else []
     argv += ["--free_steps", str(args.free_steps)] if args.free_steps is not None else []
     argv += ["--only", ",".join(args.only)] if args.only else []
-    argv += ["--tf1_repeats", str(args.tf1_repeats)]
+    argv += ["--tf1_repeats", str(args.tf1_repeats), "--capture_seconds", str(args.capture_seconds)]
     argv += [f"--program={spec}" for spec in args.program]
     return argv
 
@@ -201,7 +203,9 @@ def spawn(name: str, argv: list[str], report_path: str, log: Optional[Callable[[
     """Start `argv`, `nicer` than this process, forwarding its progress lines ("[  t s] ...") to
     stdout as they come, and logging through `log` when its output ends (so a run says when the
     child was done)."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    from compare import limits
+    process = limits.started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                              bufsize=1))
     if nicer and hasattr(os, "setpriority"):  # before the new interpreter starts a thread (threads inherit it)
         os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nicer)
     output: list[str] = []
@@ -221,9 +225,15 @@ def spawn(name: str, argv: list[str], report_path: str, log: Optional[Callable[[
 
 
 def finish_child(child: Child) -> list[Result]:
-    """The child's results, read back from its JSON report; a crashed child is one FAIL naming it."""
+    """The child's results, read back from its JSON report; a crashed child is one FAIL naming it; a
+    child a phase of whose ran out of time ends this run the same way (compare.limits)."""
+    from compare import limits
     code = child.process.wait()
     child.reader.join()
+    out_of_time = [line[len("error: "):].strip() for line in child.output
+                   if line.startswith("error: ") and "still running after" in line]
+    if code == limits.EXIT_STATUS and out_of_time:
+        limits.out_of_time(f"{out_of_time[-1]} (the pair {child.name}, in a process of its own)")
     if not os.path.exists(child.report_path):
         tail = "".join(child.output[-20:])
         print(tail, file=sys.stderr)
@@ -236,6 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
+    from compare import limits
+    limits.configure(args.capture_seconds, enforce=True)
     common.blas_on_one_thread()
     with common.data_autotune_off():  # captures included
         return judge(args)
@@ -252,8 +264,9 @@ def judge(args: argparse.Namespace) -> int:
             marks.append((now, message))
         print(f"[{now:6.1f}s] {message}", flush=True)
 
-    from compare import harness
+    from compare import harness, limits
     from compare.programs import InterfaceError, Programs
+    from legacy.run_tf1.upgrade import ProgramError
     try:
         chosen = Programs.load(**args.programs) if args.programs else None
         pairs = [harness.load_adapter(module, chosen) for module in args.pairs]
@@ -262,7 +275,7 @@ def judge(args: argparse.Namespace) -> int:
             log(f"reading the flags of {args.legacy} and {args.modern}")
             pairs.append(program_pair(args.legacy, args.modern, args.both, args.tower_flag, args.replica_flag,
                                       args.loop, args.capture_seconds, args.legacy_arg, args.modern_arg, log=log))
-    except (InterfaceError, harness.AdapterError, harness.HarnessError) as e:
+    except (InterfaceError, harness.AdapterError, harness.HarnessError, ProgramError, limits.OutOfTime) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for role, module in args.programs.items():
@@ -282,7 +295,7 @@ def judge(args: argparse.Namespace) -> int:
             results += harness.judge_pair(first, dataclasses.replace(settings, checkpoint=checkpoint),
                                           tmp_dir, log=log)
             log(f"{first.name}: checks done")
-        except (harness.AdapterError, harness.HarnessError) as e:
+        except (harness.AdapterError, harness.HarnessError, limits.OutOfTime) as e:
             for child in children:
                 child.process.kill()
             print(f"error: {e}", file=sys.stderr)

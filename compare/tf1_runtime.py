@@ -33,6 +33,8 @@ def main(in_path: str, out_path: str) -> None:
     common.blas_on_one_thread()
     data = np.load(in_path, allow_pickle=True)
     meta = json.loads(str(data["meta"]))
+    from compare import limits
+    limits.configure(float(meta.get("seconds", limits.SECONDS)), enforce=True)  # each phase as in the harness's
     pair = harness.reload_pair(meta["adapter"], meta.get("programs", {}))
     pairing = next(p for p in pair.pairings if p.label == meta["pairing"])
     towers = int(meta["towers"])

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from compare.checks import (averages, basics, evaluation, flags, forward, free, shuffle, splits, steps, structure, tf1,
                             trained)
 from compare.interface import GROUPS, NotFed, undeclared
+from compare.limits import OutOfTime
 from compare.report import Result, error_result, not_applicable
 from compare.settings import Settings
 from compare.sides import Sides
@@ -169,6 +170,8 @@ def run_groups(ctx: Context, groups: list[str]) -> list[Result]:
         if group.start is not None:
             try:
                 ctx.started[group.name] = group.start(ctx)
+            except OutOfTime:
+                raise
             except Exception as error:  # noqa: BLE001 - the group's check reports it, as an ERROR
                 ctx.started[group.name] = error
     try:
@@ -191,6 +194,8 @@ def run_check(name: str, run: Callable[[], list[Result]], label: str, model: str
         return run()
     except NotFed as reason:
         return [not_applicable(f"{label}{name}", model, str(reason))]
+    except OutOfTime:  # a phase of a user's program past the run's limit ends the run (compare.limits)
+        raise
     except Exception as error:  # noqa: BLE001 - one check's failure is that check's result, never the run's
         return [error_result(f"{label}{name}", model, error, origin(error))]
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from compare import process
+from compare import limits, process
 from compare.checks.forward import gradient_errors
 from compare.report import judge, tensor_error
 from compare.report import Result, Tolerance
@@ -41,7 +41,7 @@ def launch(sides: Sides, settings: Settings) -> Launched:
     meta = {"adapter": sides.pair.module, "programs": dict(sides.pair.programs), "pairing": sides.pairing.label,
             "towers": sides.towers, "seed": sides.seed, "start": sides.start_path, "files": dict(sides.files),
             "dropouts": len(masks), "repeats": settings.tf1_repeats,
-            "argv": list(sides.pair.harness_argv(sides.towers))}
+            "argv": list(sides.pair.harness_argv(sides.towers)), "seconds": limits.seconds()}
     arrays = {f"mask:{k}": np.array(per_tower, dtype=object) for k, per_tower in enumerate(masks)}
     np.savez(in_path, x=batch.x, y=batch.y, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
     started = process.start("compare.tf1_runtime", [in_path, out_path],
@@ -56,7 +56,8 @@ def check_tf1_runtime(sides: Sides, launched: Launched) -> list[Result]:
     predictions (EXPECTED: with ref variables the towers' assign_sub ops on one shared variable are
     unordered and unlocked, so each element may see its own schedule)."""
     name = f"{sides.label}legacy on TF1's runtime"
-    if launched.started.wait(timeout=900) != 0:
+    program = getattr(sides.pair.legacy, "program", sides.pair.name)
+    if launched.started.wait_limited(f"the TF1-runtime process (compare/tf1_runtime.py) of {program}") != 0:
         return [judge(name, sides.pair.name, [], sides.tol.model, ok=False,
                       note=f"compare/tf1_runtime.py failed: {[launched.started.last_line()]}")]
     step = launched.step

@@ -27,7 +27,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from compare.capture import (CAPTURE_SECONDS, CaptureError, CapturedLegacy, fed_tensors, iterator_initializers,
+from compare import limits
+from compare.capture import (CaptureError, CapturedLegacy, fed_tensors, iterator_initializers,
                              parse_flags, quiet_tensorflow)
 from compare.checks.basics import legacy_batches, started_pipeline
 from compare.interface import Batch, DataFiles, LegacyGraph, Pair, Pairing
@@ -134,7 +135,8 @@ def read_rows(side: CapturedLegacy) -> tuple[np.ndarray, np.ndarray]:
     graph = side.captured.graph
     with graph.as_default():
         initializers = [tf1.tables_initializer(), *iterator_initializers(graph)]
-    with quiet_tensorflow(), started_pipeline(graph, side.captured.config, initializers) as sess:
+    with limits.phase(f"reading the input rows of {side.program} through its pipeline"), quiet_tensorflow(), \
+            started_pipeline(graph, side.captured.config, initializers) as sess:
         got = legacy_batches(sess, sources, (), 1, steps=READ_STEPS, rows=READ_ROWS)
     if not got:
         raise CaptureError("the TF1 program's input pipeline gave no rows in a session of the harness's")
@@ -143,7 +145,7 @@ def read_rows(side: CapturedLegacy) -> tuple[np.ndarray, np.ndarray]:
 
 def program_pair(legacy_program: str, modern_program: str, argv: Sequence[str] = (),
                  tower_flag_name: Optional[str] = None, replica_flag_name: Optional[str] = None,
-                 loop: Sequence[str] = (), seconds: float = CAPTURE_SECONDS, legacy_argv: Sequence[str] = (),
+                 loop: Sequence[str] = (), seconds: Optional[float] = None, legacy_argv: Sequence[str] = (),
                  modern_argv: Sequence[str] = (), log: Any = lambda _: None) -> Pair:
     """The Pair of two program files, judged with `argv` given to both, and `legacy_argv`, `modern_argv`
     to each alone (see the module docstring)."""
