@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 SECONDS = 600.0  # a program that has not reached its first training step by then never will, for the harness
@@ -45,6 +46,18 @@ def configure(seconds: float, enforce: bool = False) -> None:
     """Every phase's seconds from now on; enforce: past them, the process exits (see the module
     docstring) instead of raising OutOfTime."""
     _settings.update(seconds=float(seconds), enforce=bool(enforce))
+
+
+@contextlib.contextmanager
+def configured(seconds: float, enforce: bool = False) -> Iterator[None]:
+    """`configure(seconds, enforce)` for the block, the settings before it put back after it (a run
+    of compare/run.py's main in a process that goes on, a test's, leaves no limit behind)."""
+    before = dict(_settings)
+    configure(seconds, enforce)
+    try:
+        yield
+    finally:
+        _settings.update(before)
 
 
 def seconds() -> float:
@@ -110,7 +123,8 @@ def phase(what: str, limit: Optional[float] = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def time_limit(limit: float) -> Iterator[None]:
-    """TimedOut raised in the main thread after `limit` seconds (no limit off the main thread)."""
+    """TimedOut raised in the main thread after `limit` seconds (no limit off the main thread); a limit
+    inside another leaves the outer one running."""
     if threading.current_thread() is not threading.main_thread() or limit <= 0:
         yield
         return
@@ -119,12 +133,15 @@ def time_limit(limit: float) -> Iterator[None]:
         raise TimedOut()
 
     before = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, limit)
+    begun = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+        if outer > 0:  # a phase around this one: its own timer goes on, less the time spent here
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - begun), 1e-3))
 
 
 def wait(process: Any, what: str, log_path: Optional[str] = None) -> int:

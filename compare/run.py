@@ -247,9 +247,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from compare import common
     common.setup_devices(args.towers)  # before any TensorFlow op runs
     from compare import limits
-    limits.configure(args.capture_seconds, enforce=True)
     common.blas_on_one_thread()
-    with common.data_autotune_off():  # captures included
+    with limits.configured(args.capture_seconds, enforce=True), common.data_autotune_off():  # captures included
         return judge(args)
 
 

@@ -105,3 +105,24 @@ def test_a_pair_in_a_process_of_its_own_that_ran_out_of_time_ends_its_parent(tmp
                       str(tmp_path / "none.json"))
     with pytest.raises(limits.OutOfTime, match=r"still running after 3 s .*\(the pair their.adapter, in a process"):
         run.finish_child(child)
+
+
+def test_a_phase_inside_another_leaves_the_outer_limit_running():
+    """The inner phase ends in time; the outer one's seconds still run out (the inner one's cleanup
+    does not cancel them)."""
+    begun = time.monotonic()
+    with pytest.raises(limits.OutOfTime, match="outer"):
+        with limits.phase("outer", 0.6):
+            with limits.phase("inner", 5):
+                pass
+            time.sleep(3)
+    assert time.monotonic() - begun < 2
+
+
+def test_run_main_leaves_no_limit_behind(monkeypatch):
+    """compare/run.py's main in a process that goes on (a test's) puts the limit settings back: the
+    process does not exit in a later phase."""
+    from compare import run
+    monkeypatch.setattr(run, "judge", lambda args: (limits.enforced(), limits.seconds()))
+    assert run.main(["--quick", "--capture_seconds", "7"]) == (True, 7.0)
+    assert (limits.enforced(), limits.seconds()) == (False, limits.SECONDS)
