@@ -77,7 +77,7 @@ def test_a_mistake_in_a_program_given_by_module_name_fails_in_the_checks_own_pro
     finally:
         harness.close(pairings)
     assert lines == [] and result.status == "FAIL"
-    assert result.worst.name == "--moving_average_decay 0.9: changes nothing the modern program builds"
+    assert result.worst.name == "--moving_average_decay 0.9: changes nothing the modern program builds or steps"
 
 
 def test_a_process_that_fails_leaves_the_check_to_this_one(mnist, monkeypatch):
@@ -103,4 +103,4 @@ def test_the_command_line_fails_the_flags_check_run_in_its_own_process(tmp_path,
     assert sorted(n for n, r in results.items() if r.status == "FAIL") == [
         "deviation: flags through what they build", "original: flags through what they build"]
     assert results["original: flags through what they build"].worst.name == \
-        "--moving_average_decay 0.9: changes nothing the modern program builds"
+        "--moving_average_decay 0.9: changes nothing the modern program builds or steps"
