@@ -24,7 +24,7 @@ JUDGE_LAYERS = (
     ("compare/sides.py",),
     ("compare/measures.py",),
     ("compare/tolerances.py", "compare/diagnosis.py"),
-    ("compare/causes.py",),
+    ("compare/causes.py", "compare/counterfactuals.py"),
     ("compare/checks/",),
     ("compare/harness.py", "compare/pairs/"),
     ("compare/run.py", "compare/tf1_runtime.py", "compare/flags_process.py"),

@@ -7,7 +7,7 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from compare import causes, common, diagnosis
+from compare import causes, common, counterfactuals, diagnosis
 from compare import tf1_graph
 from compare.interface import Batch, NotFed, TowerFeed
 from compare.measures import FREE, free_biases, grad_errors, gradient_errors
@@ -271,11 +271,17 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                            f"legacy update received vs the modern step's, {step.source}" + own_tolerances(sides),
                       extra={"free": free, "plot": "gradients" if not suffix else ""})
 
-    def outside() -> str:
+    symptom = counterfactuals.Symptom(start, batch, both.legacy.masks, both.legacy.loss, grads_l, step.loss,
+                                      step.gradients, free)
+
+    def closed_loss() -> str:
         found = causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights, sides.tol.model.rel_l2)
         if not found.startswith(causes.UNEXPLAINED):
             return found
         return smoothing_cause(sides, batch, both, start, ["regulariser_scale", "loss_scale"])
+
+    def outside() -> str:
+        return counterfactuals.explain(sides, symptom, closed_loss)
 
     def localise_loss() -> diagnosis.Diagnosis:
         sides.set_both(start)
@@ -290,7 +296,7 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                                        forward.cause, forward.parts, forward.kind)
         judge_g = gradient_judge(sides, grads_l, free)
 
-        def explain(layer: Any) -> str:
+        def closed_gradients() -> str:
             found = causes.explain_gradients(sides, grads_l, step.gradients, start.weights, judge_g)
             if not found.startswith(causes.UNEXPLAINED):
                 return found
@@ -300,7 +306,8 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
             combined = {n: np.sum([p[n] for p in parts], axis=0) for n in grads_l}
             return causes.explain_clip_per_replica(parts, combined, grads_l, step.gradients, judge_g,
                                                    ["regulariser_scale", "loss_scale"])
-        return diagnosis.localise_gradients(sides, gradients, explain)
+        return diagnosis.localise_gradients(
+            sides, gradients, lambda layer: counterfactuals.explain(sides, symptom, closed_gradients))
     diagnosis.guarded(loss, localise_loss)
     return [loss, diagnosis.guarded(gradients, localise_gradients)]
 

@@ -24,12 +24,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from compare import causes, diagnosis, modern_run, optimizers, tf1_graph
+from compare import causes, counterfactuals, diagnosis, modern_run, optimizers, tf1_graph
 from compare.checks.forward import gradient_judge
 from compare.legacy_run import LegacyRun
 from compare.measures import change_error, gradient_errors, modern_rate_at, rate
 from compare.report import EPS32, Diagnosis, Part, Result, TensorError, judge, not_applicable, tensor_error
 from compare.sides import Sides
+from compare.interface import Batch
 from compare.state import Arrays, State, StepOutcome
 
 HORIZON = 2 ** 22  # the schedule is probed up to this global step
@@ -102,6 +103,7 @@ class RestartStep:
     # The port's optimizer on the legacy gradient from `before` (optimizers side by side): its weights and slots.
     port_weights: Arrays = dataclasses.field(default_factory=dict)
     port_slots: dict[str, Arrays] = dataclasses.field(default_factory=dict)
+    batch: Optional[Batch] = None  # the rows the step was given (a diagnosis runs the original on them again)
     # What the step checks measure of this step (`measure`), as soon as it is made.
     side_by_side: list[TensorError] = dataclasses.field(default_factory=list)
     legacy_rule: list[TensorError] = dataclasses.field(default_factory=list)
@@ -142,7 +144,7 @@ def run_restart_step(sides: Sides, k: int, step: int, state: State) -> RestartSt
         if legacy.powers else ()
     return RestartStep(step, state, lr_state, out_l, out_m, legacy.state(), modern.weights(names),
                        modern.slot_values(names), slots_before, modern.iterations(),
-                       modern.weights(sorted({u.variable.op.name for u in legacy.moving})), powers)
+                       modern.weights(sorted({u.variable.op.name for u in legacy.moving})), powers, batch=batch)
 
 
 def optimizer_errors(sides: Sides, r: RestartStep, legacy: bool = True, modern: bool = True) -> list[TensorError]:
@@ -282,10 +284,12 @@ def diagnose_steps(sides: Sides, runs: list[RestartStep], kinds: dict[str, Resul
 
     def gradient_cause() -> str:
         r = first_failing("loss and gradients")
-        if r is None:
+        if r is None or r.batch is None:
             return causes.unexplained([])
-        return causes.explain_gradients(sides, r.legacy.gradients, r.modern.gradients, r.before.weights,
-                                        gradient_judge(sides, r.legacy.gradients))
+        symptom = counterfactuals.Symptom(r.before, r.batch, r.legacy.masks, r.legacy.loss,
+                                          r.legacy.gradients, r.modern.loss, r.modern.gradients)
+        return counterfactuals.explain(sides, symptom, lambda: causes.explain_gradients(
+            sides, r.legacy.gradients, r.modern.gradients, r.before.weights, gradient_judge(sides, r.legacy.gradients)))
 
     causes_of: dict[str, Callable[[], str]] = {
         "learning rate": lambda: causes.explain_schedule(sides, [r.step for r in runs] + schedule_probes(points)),
