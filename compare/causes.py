@@ -5,7 +5,10 @@ was localised (compare.diagnosis):
 
   on the port's layer     its padding or its batch norm's epsilon changed to the original's, the
                           layer run again on the legacy program's input to it;
-  on the port's gradients its regulariser's term rescaled to the original's;
+  on the original's graph the loss, regulariser, smoothing and clip entries, run as changes of the
+                          original (compare.counterfactuals), tried first;
+  on the port's gradients its regulariser's term rescaled to the original's (a closed form, for
+                          what no feed of the original's graph makes: a port-only regulariser);
   as a prediction         the original's optimizer rule, schedule, moving-statistics or moving-average
                           update with the known change made, against what the port did (the port's
                           own values; the rules are those `compare.optimizers` checks both sides by).
