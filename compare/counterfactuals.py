@@ -32,6 +32,7 @@ not regularise) stays with the closed forms of compare.causes, which `explain` t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -43,7 +44,7 @@ from compare import causes, tf1_graph
 from compare.interface import Batch
 from compare.legacy_run import LegacyRun
 from compare.measures import SUMS, gradient_errors, legacy_regularisers, modern_regularisers, regularisation_term
-from compare.report import tensor_error
+from compare.report import TensorError, tensor_error
 from compare.sides import Sides
 from compare.state import Arrays, Masks, State
 
@@ -51,11 +52,12 @@ tf1 = tf.compat.v1
 CROSS_ENTROPIES = ("SoftmaxCrossEntropyWithLogits",)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Symptom:
     """One training step that parted, from one state on one batch with the same dropout masks: the
     original's loss and the gradients its update received (as the check read them) and the port's;
-    free: variables whose gradient is round-off only (compare.checks.forward.free_biases)."""
+    free: variables whose gradient is round-off only (compare.checks.forward.free_biases).
+    Compared by identity: the checks that share one symptom share what was tried on it (`tried_on`)."""
     state: State
     batch: Batch
     masks: Masks
@@ -295,8 +297,8 @@ class Trial:
         them: the loss at the model tolerance, each gradient at its own."""
         errors = [tensor_error("loss", np.float64(loss), np.float64(self.symptom.modern_loss))]
         errors += gradient_errors(self.sides, gradients, self.symptom.modern_gradients, free=self.symptom.free)
-        worst = max(errors, key=lambda e: e.rel_l2 / e.limit(self.tol) if e.limit(self.tol) > 0 else e.rel_l2)
-        return worst.rel_l2, worst.limit(self.tol)
+        w = worst(errors, self.tol)
+        return w.rel_l2, w.limit(self.tol)
 
     def distance(self, loss: float, gradients: Gradients) -> float:
         """The search's measure: the larger of the loss's relative distance and all gradients' together."""
@@ -310,10 +312,19 @@ class Trial:
         """Whether the unchanged towers, fed where the program joins them, give the loss and the
         gradients its update received (the path every entry goes through)."""
         errors = [tensor_error("loss", np.float64(self.loss({})), np.float64(self.symptom.legacy_loss))]
-        errors += gradient_errors(self.sides, self.applied(self.grads), self.symptom.legacy_gradients,
-                                  free=self.symptom.free)
-        worst = max(errors, key=lambda e: e.rel_l2 / e.limit(self.tol) if e.limit(self.tol) > 0 else e.rel_l2)
-        return all(e.rel_l2 <= e.limit(self.tol) for e in errors), worst.rel_l2, worst.limit(self.tol)
+        errors += gradient_errors(self.sides, self.unchanged, self.symptom.legacy_gradients, free=self.symptom.free)
+        w = worst(errors, self.tol)
+        return all(e.rel_l2 <= e.limit(self.tol) for e in errors), w.rel_l2, w.limit(self.tol)
+
+    @functools.cached_property
+    def unchanged(self) -> Gradients:
+        """What the update receives from the unchanged towers, fed where the program joins them."""
+        return self.applied(self.grads)
+
+
+def worst(errors: Sequence[TensorError], tol: float) -> TensorError:
+    """The error that is the most over its own limit (the largest where a limit is 0)."""
+    return max(errors, key=lambda e: e.rel_l2 / e.limit(tol) if e.limit(tol) > 0 else e.rel_l2)
 
 
 def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 32) -> float:
@@ -513,18 +524,24 @@ def tried_on(sides: Sides, symptom: Symptom) -> tuple[list[Tried], str]:
         if not ok:
             return [], (f"the towers fed where the program joins them do not give its loss and applied gradients "
                         f"({error:.3g} against {tol:.3g})")
-        if trial.gap(symptom.legacy_loss, trial.applied(trial.grads))[0] <= tol:
+        error, limit = trial.gap(symptom.legacy_loss, trial.unchanged)
+        if error <= limit:
             return [], "the unchanged original already agrees with the port"
         return sorted((e.run(trial) for e in entries), key=lambda t: t.residual), ""
     finally:
         sides.legacy.restore(symptom.state)
 
 
+_TRIED: "weakref.WeakKeyDictionary[Symptom, tuple[list[Tried], str]]" = weakref.WeakKeyDictionary()
+
+
 def explain(sides: Sides, symptom: Symptom, closed_forms: Callable[[], str]) -> str:
     """The report's cause line for `symptom`: the counterfactual that leaves the least, where the
     difference then vanishes, with the others tried; else the closed forms on the port's own values
     (what no feed of the original's graph can change), with what the counterfactuals left."""
-    found, why_not = tried_on(sides, symptom)
+    if symptom not in _TRIED:  # a training step's loss and gradient checks share one symptom: tried once
+        _TRIED[symptom] = tried_on(sides, symptom)
+    found, why_not = _TRIED[symptom]
     if found and found[0].residual <= 1:
         best, others = found[0], found[1:]
         line = causes.likely(best.key, best.what, best.error, best.tolerance)

@@ -26,11 +26,11 @@ import numpy as np
 
 from compare import causes, counterfactuals, diagnosis, modern_run, optimizers, tf1_graph
 from compare.checks.forward import gradient_judge
+from compare.interface import Batch
 from compare.legacy_run import LegacyRun
 from compare.measures import change_error, gradient_errors, modern_rate_at, rate
 from compare.report import EPS32, Diagnosis, Part, Result, TensorError, judge, not_applicable, tensor_error
 from compare.sides import Sides
-from compare.interface import Batch
 from compare.state import Arrays, State, StepOutcome
 
 HORIZON = 2 ** 22  # the schedule is probed up to this global step
