@@ -5,6 +5,10 @@ port), each planted port mistake FAILs and its report names the cause with its v
 running the change on the original's graph (compare.counterfactuals) or by the schedule and
 optimizer predictions (compare.causes); the correct port FAILs nothing at 1 to 3 towers.
 """
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -117,3 +121,22 @@ def test_a_mistake_no_entry_makes_says_what_each_entry_left(tmp_path, data):
     for key in ("regulariser_scale at ", "loss_scale at ", "label_smoothing at ", "clip_per_replica ("):
         assert key in cause, cause
     assert "x its tolerance" in cause
+
+
+def test_command_line_fails_the_ports_doubled_regulariser_and_names_it_on_the_originals_graph(tmp_path, data):
+    """`compare/run.py --legacy ... --modern ...` on the port with its own L2 at twice the original's:
+    exit 1, the training and step checks FAIL with the cause and its value, no traceback."""
+    port = planted(tmp_path, PLANTS["regularisation x2"][0])
+    report = tmp_path / "parity.json"
+    done = subprocess.run([sys.executable, "compare/run.py", "--legacy", str(PAIR / "train_tf1.py"), "--modern",
+                           str(port), "--quick", "--only", "training,steps", "--loop", "batch_size", "--loop",
+                           "max_steps", "--report", str(report), "--", *data], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    results = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert not [n for n, r in results.items() if r["status"] == "ERROR"]
+    for check in (GRADIENTS, STEPS):
+        result = results[check]
+        assert result["status"] == "FAIL" and result["worst"]["rel_l2"] > 100 * result["tolerance_rel_l2"], check
+        assert result["diagnosis"]["cause"].startswith("likely cause [regulariser_scale]"), result["diagnosis"]
+        assert "regularisation times 2 (the port's coefficients that many times" in result["diagnosis"]["cause"]
