@@ -33,13 +33,15 @@ def data(tmp_path_factory):
 def test_the_estimator_program_trains_and_evaluates_in_each_multi_gpu_form(tmp_path, data, form):
     result = run_program([*RUNNER, "examples/estimator_towers/train_tf1.py", "--data_dir", data, "--model_dir",
                           tmp_path / "model", "--num_gpus", "2", "--multi_gpu", form, "--batch_size", "16",
-                          "--train_steps", "60", "--eval_batch_size", "20"])
+                          "--train_steps", "60", "--eval_batch_size", "20", "--batch_norm_decay", "0.9"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert DEVICE_LINE in result.stderr.splitlines()
     step, accuracy, loss = EVAL.search(result.stdout).groups()
-    # 10 classes, chance 0.1: 60 steps of 16 rows learn some of them (the moving statistics, decaying by 0.997,
-    # have barely left their start: the evaluation's loss says little yet).
-    assert int(step) == 60 and math.isfinite(float(loss)) and float(accuracy) > 0.12, result.stdout
+    # 10 classes, chance 0.1.  The evaluation normalises by the moving statistics: at the program's decay 0.997
+    # they are 16% of the way from their start after 60 steps, and its accuracy is chance or near it on some
+    # runs (0.10 and 0.175 seen).  At 0.9 they have arrived, and the accuracy is the model's: 0.43-0.63 in 18
+    # runs, six of each form.
+    assert int(step) == 60 and math.isfinite(float(loss)) and float(accuracy) > 0.25, result.stdout
     assert any(name.startswith("model.ckpt-60") for name in os.listdir(tmp_path / "model"))
 
 
