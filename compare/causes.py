@@ -21,6 +21,7 @@ names what was tried.  `CATALOGUE` lists every entry; each has a planted test in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -29,7 +30,8 @@ import numpy as np
 
 from compare import optimizers
 from compare.diagnosis import Layer, LayerRun, isolated_error
-from compare.measures import change_error, legacy_regularisers, modern_rate_at, modern_regularisers, rate
+from compare.measures import (change_error, legacy_regularisers, modern_rate_at, modern_regularisers, rate, scales,
+                              search)
 from compare.report import EPS32
 from compare.sides import Sides
 from modern import keras_adapter
@@ -115,6 +117,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "a schedule one step off: the port reads its step counter after the update where the original reads "
           "the global step before it (or the other way round)",
           "the order of optimizer.iterations and tf.train.get_global_step increments"),
+    Cause("schedule_constant", "schedule",
+          "a schedule's constant: the port's base rate, decay period, decay rate, a boundary or a value other "
+          "than the original's (a period counted in other units, a flag read into another argument, a rate "
+          "scaled for another batch size)",
+          "tf.compat.v1.train.exponential_decay / piecewise_constant and their Keras schedules' arguments"),
     Cause("bn_momentum", "moving statistics",
           "batch-norm momentum: slim's decay (batch_norm 0.999, resnet_arg_scope 0.997) against Keras' "
           "BatchNormalization momentum 0.99",
@@ -523,15 +530,49 @@ def explain_schedule(sides: Sides, steps: Sequence[int]) -> str:
                                               f"port has alpha={float(old_alpha):g})", error, 4 * EPS32)
     tried.append("schedule_offset")
     for shift in (-1, 1):
-        def shifted(s: int, shift: int = shift) -> float:
-            return modern_rate_at(modern, s + shift) if s + shift >= 0 else float(want[s])
-        error = worst(shifted)
+        shown = [s for s in want if s + shift >= 0]  # a step with no step before it shows no offset
+        if not shown:
+            continue
+        error = max(abs(float(np.float32(modern_rate_at(modern, s + shift))) - float(want[s]))
+                    / max(abs(float(want[s])), 1e-30) for s in shown)
         if error <= 4 * EPS32:
             return likely("schedule_offset", "the port's schedule runs one step behind (its rate at step s + 1 is the "
                                              "original's at s)" if shift > 0 else
                           "the port's schedule runs one step ahead (its rate at step s - 1 is the original's at s)",
                           error, 4 * EPS32)
-    return unexplained(tried)
+    tried.append("schedule_constant")
+    found = schedule_constant(legacy, {s: float(np.float32(modern_rate_at(modern, s))) for s in want})
+    return found or unexplained(tried)
+
+
+def schedule_constant(legacy: Any, port: dict[int, float]) -> Optional[str]:
+    """The schedule_constant entry, on the original's graph: each scalar constant its rate is computed
+    from (its base, period, decay, boundaries, values) fed another value, found by a one-dimensional
+    search (floats: scales of the constant, then golden section; integers: the neighbours, double and
+    half), against the port's rate at each step of `port`; the constant that leaves the least, where
+    the rates then agree at every step."""
+    f = legacy.schedule
+    tol = 4 * EPS32
+
+    def worst(changes: dict[str, float]) -> float:
+        return max(abs(float(np.float32(f(s, changes))) - p) / max(abs(p), 1e-30) for s, p in port.items())
+    best: Optional[tuple[float, str, float, float]] = None
+    for name, tensor in f.constants.items():
+        v0 = f.value(name)
+        changed = functools.partial(lambda name, c: worst({name: c}), name)
+        if tensor.dtype.is_integer:
+            candidates = sorted({v0 + d for d in (-2.0, -1.0, 1.0, 2.0)} | {2 * v0, float(v0 // 2)} - {v0})
+            v = min(candidates, key=changed)
+        else:
+            v = search(changed, [v0 * k for k in scales(1)] + [v0 - 1, v0 + 1])
+        error = changed(v)
+        if error <= tol and np.float32(v) != np.float32(v0) and (best is None or error < best[0]):
+            best = (error, name, v0, v)
+    if best is None:
+        return None
+    error, name, v0, v = best
+    return likely("schedule_constant", f"the original's schedule with its constant {name} ({v0:.6g}) at {v:.6g} "
+                                       f"gives the port's rate at every step compared ({len(port)})", error, tol)
 
 
 # ---------------------------------------------------------------------------------------------

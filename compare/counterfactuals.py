@@ -43,7 +43,8 @@ import tensorflow as tf
 from compare import causes, tf1_graph
 from compare.interface import Batch
 from compare.legacy_run import LegacyRun
-from compare.measures import SUMS, gradient_errors, legacy_regularisers, modern_regularisers, regularisation_term
+from compare.measures import (SUMS, gradient_errors, legacy_regularisers, modern_regularisers, regularisation_term,
+                              scales, search)
 from compare.report import TensorError, tensor_error
 from compare.sides import Sides
 from compare.state import Arrays, Masks, State
@@ -325,39 +326,6 @@ class Trial:
 def worst(errors: Sequence[TensorError], tol: float) -> TensorError:
     """The error that is the most over its own limit (the largest where a limit is 0)."""
     return max(errors, key=lambda e: e.rel_l2 / e.limit(tol) if e.limit(tol) > 0 else e.rel_l2)
-
-
-def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 32) -> float:
-    """The minimum of `f` on [lo, hi] by golden section."""
-    ratio = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(steps):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = f(d)
-    return (a + b) / 2
-
-
-def search(f: Callable[[float], float], grid: Sequence[float]) -> float:
-    """The value that minimises `f`: the best of `grid`, refined between its neighbours."""
-    grid = sorted(set(grid))
-    scores = [f(v) for v in grid]
-    i = int(np.argmin(scores))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    best = golden(f, lo, hi) if hi > lo else grid[i]
-    return best if f(best) <= scores[i] else grid[i]
-
-
-def scales(towers: int) -> list[float]:
-    """The search grid of a scale: powers of sqrt(2) from 1/16 to 16, and the tower count and its inverse."""
-    return [2 ** (j / 2) for j in range(-8, 9)] + ([float(towers), 1 / towers] if towers > 1 else [])
 
 
 def ratio(value: float, towers: int) -> str:

@@ -369,11 +369,17 @@ class LegacyRun:
             self._decays = {n: 1 - float(v) for n, v in values.items()}
         return self._decays
 
-    def learning_rate_at(self, step: int) -> float:
-        """The legacy rate at a global step (its tensor evaluated without its control dependencies)."""
+    def learning_rate_at(self, step: int, changes: Optional[dict[str, float]] = None) -> float:
+        """The legacy rate at a global step (its tensor evaluated without its control dependencies);
+        changes: {a constant of the schedule's graph: the value it is fed instead} (`schedule`)."""
+        return self.schedule(step, changes)
+
+    @property
+    def schedule(self) -> tf1_graph.StepFunction:
+        """The legacy rate as a function of the global step, with the constants it is computed from."""
         if self._lr_at is None:
             self._lr_at = tf1_graph.StepFunction(self.graph, self.lg.learning_rate, self.global_step_var, self.sess)
-        return self._lr_at(step)
+        return self._lr_at
 
     def twin(self) -> "LegacyRun":
         """The same graph in a second session of the same config, its variables initialised: a

@@ -11,12 +11,14 @@ and not by a check, so that every layer above reads it the same way:
   regularisers  the L2 coefficient each side applies to every trainable variable, read off the TF1
                 graph and off the Keras weights' regularisers (`legacy_regularisers`,
                 `modern_regularisers`)
+  a search      the one-dimensional search a counterfactual's scalar is found by (`search` over a
+                grid such as `scales`, refined by `golden` section)
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -214,3 +216,38 @@ def modern_regularisers(sides: Sides) -> tuple[dict[str, float], list[str]]:
         coefficients[name] = once / size
     return coefficients, other
 
+
+# ---------------------------------------------------------------------------------------------
+# A one-dimensional search
+
+def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 32) -> float:
+    """The minimum of `f` on [lo, hi] by golden section."""
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(steps):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def search(f: Callable[[float], float], grid: Sequence[float]) -> float:
+    """The value that minimises `f`: the best of `grid`, refined between its neighbours."""
+    grid = sorted(set(grid))
+    scores = [f(v) for v in grid]
+    i = int(np.argmin(scores))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    best = golden(f, lo, hi) if hi > lo else grid[i]
+    return best if f(best) <= scores[i] else grid[i]
+
+
+def scales(towers: int) -> list[float]:
+    """The search grid of a scale: powers of sqrt(2) from 1/16 to 16, and the tower count and its inverse."""
+    return [2 ** (j / 2) for j in range(-8, 9)] + ([float(towers), 1 / towers] if towers > 1 else [])

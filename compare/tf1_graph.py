@@ -442,6 +442,11 @@ class StepFunction:
             self.sess, self.steps, self.out = sess, stops, tensor
         else:
             self.sess, self.steps, self.out = self.copy(graph, tensor, stops, keep)
+        # The scalar constants the tensor is computed from (a schedule's base, period, decay, boundaries
+        # and values), by name, in the graph it is evaluated in: what a counterfactual may feed.
+        self.constants = {op.name: self.out.graph.get_tensor_by_name(op.outputs[0].name) for op in keep.values()
+                          if op.type == "Const" and op.outputs[0].shape.num_elements() == 1
+                          and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)}
         self.cache: dict[float, float] = {}
 
     @staticmethod
@@ -464,11 +469,24 @@ class StepFunction:
                                           return_elements=[tensor.name], name="")
         return tf1.Session(graph=copied), steps, out
 
-    def __call__(self, step: float) -> float:
+    def __call__(self, step: float, changes: Optional[dict[str, float]] = None) -> float:
+        """The tensor at `step`; changes: {constant's name: the value it is fed instead}."""
+        if changes:
+            return self.run(step, changes)
         if step not in self.cache:
-            feed = {p: np.asarray(step, p.dtype.as_numpy_dtype) for p in self.steps}
-            self.cache[step] = float(self.sess.run(self.out, feed))
+            self.cache[step] = self.run(step, {})
         return self.cache[step]
+
+    def value(self, name: str) -> float:
+        """A constant's own value."""
+        return float(np.asarray(self.sess.run(self.constants[name])).ravel()[0])
+
+    def run(self, step: float, changes: dict[str, float]) -> float:
+        feed = {p: np.asarray(step, p.dtype.as_numpy_dtype) for p in self.steps}
+        for name, v in changes.items():
+            t = self.constants[name]
+            feed[t] = np.reshape(np.asarray(v, t.dtype.as_numpy_dtype), t.shape)
+        return float(self.sess.run(self.out, feed))
 
 
 # ---------------------------------------------------------------------------------------------

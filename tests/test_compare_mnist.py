@@ -138,6 +138,27 @@ def test_learning_rate_decay_period_off_by_one_fails_the_lr_check(tmp_path, monk
                         lambda base, decay_steps, decay: real(base, decay_steps + 1, decay))
     results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("steps",)))
     assert {"original: lr schedule", "deviation: lr schedule"} <= set(failed(results))
+    # Named on the original's graph: its decay period's constant fed 3751, found by the search.
+    for pairing in ("original", "deviation"):
+        cause = results[f"{pairing}: lr schedule"].diagnosis.cause
+        assert cause.startswith("likely cause [schedule_constant]: the original's schedule with its constant "
+                                "ExponentialDecay/Cast/x (3750) at 3751 gives the port's rate"), cause
+
+
+def test_a_stepped_decay_where_the_original_decays_continuously_fails_the_rate_checks_and_is_named(tmp_path,
+                                                                                                    monkeypatch):
+    real = modern_mnist.make_optimizer
+
+    def stepped(base, decay_steps, decay):
+        optimizer = real(base, decay_steps, decay)
+        optimizer._learning_rate.staircase = True
+        return optimizer
+    monkeypatch.setattr(modern_mnist, "make_optimizer", stepped)
+    results = run_harness(tmp_path, dataclasses.replace(SETTINGS, only=("steps",)))
+    for pairing in ("original", "deviation"):
+        result = results[f"{pairing}: lr schedule"]
+        assert result.status == "FAIL" and result.diagnosis.cause.startswith(
+            "likely cause [staircase]: the port's schedule with staircase=False"), result.diagnosis
 
 
 def test_command_line_writes_table_report_and_plot(tmp_path):
@@ -206,7 +227,12 @@ def test_command_line_exits_1_on_a_planted_defect(monkeypatch, capsys):
     monkeypatch.setattr(modern_mnist, "make_optimizer",
                         lambda base, decay_steps, decay: real(base * 1.01, decay_steps, decay))
     assert run.main(["--model", "mnist", "--quick", "--free_steps", "2", "--only", "steps"]) == 1
-    assert "lr schedule" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "lr schedule" in out
+    # The base rate's constant found at 1.01 times its value on the original's graph.
+    assert ("likely cause [schedule_constant]: the original's schedule with its constant "
+            "ExponentialDecay/initial_learning_rate (0.001) at 0.00101 gives the port's rate") in out
+    assert "[schedule_offset]" not in out  # one step at 0 shows no offset
 
 
 def test_command_line_fails_a_port_whose_replicas_average_their_own_rows(monkeypatch, tmp_path):
