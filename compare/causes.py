@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import keras
@@ -104,6 +105,11 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "RMSProp's epsilon: TF1 adds it inside the square root, sqrt(ms + eps); a port with sqrt(ms) + eps "
           "differs wherever ms is small",
           "tensorflow/tensorflow#58412"),
+    Cause("adam_beta", "optimizer",
+          "Adam's betas: TF1's AdamOptimizer(beta1=0.9, beta2=0.999) and Keras' Adam(beta_1, beta_2) share the "
+          "defaults, but a port that takes another beta (a flag read into the other argument, a transformer's "
+          "0.98, PyTorch code's own) moves its moments and bias correction otherwise",
+          "tf.compat.v1.train.AdamOptimizer and keras.optimizers.Adam signatures"),
     Cause("staircase", "schedule",
           "staircase: tf.train.exponential_decay(..., staircase=True) decays in steps, Keras' ExponentialDecay "
           "defaults to staircase=False (and the other way round)",
@@ -436,7 +442,62 @@ def explain_optimizer(sides: Sides, r: Any) -> str:
         if worst <= tol and differs > tol:
             return likely(key, f"the port's update is the original's rule with {what} (step {r.step}, every "
                                f"variable)", worst, tol)
+    if legacy.rule.rule == "adam":
+        tried.append("adam_beta")
+        found = explain_adam_beta(sides, r, lr)
+        if found:
+            return found
     return unexplained(tried)
+
+
+BETAS = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999)
+
+
+def explain_adam_beta(sides: Sides, r: Any, lr: float) -> Optional[str]:
+    """The adam_beta entry at restart step `r`: the original's Adam with beta1, or beta2, another value
+    (its bias correction at that beta's power), found by a one-dimensional search over the distance of
+    the predicted update to the port's, from the state the step started from on the legacy gradient.
+    Where the step's slots let the other beta fit as well (zero slots: a beta only scales the update),
+    the line says so: from a trained state only the right one fits."""
+    legacy = sides.legacy
+    tol = sides.tol.optimizer.rel_l2
+    names = list(legacy.trainable)
+    port = {n: np.asarray(r.port_weights[n], np.float64) - r.before.weights[n] for n in names}
+    norm = max(sum(float(np.sum(np.square(port[n]))) for n in names), 1e-300)
+
+    def predicted(rule: optimizers.Rule) -> dict[str, np.ndarray]:
+        powers = (float(np.float32(rule.beta1) ** (r.step + 1)), float(np.float32(rule.beta2) ** (r.step + 1)))
+        out = {}
+        for n in names:
+            before = dict(optimizers.modern_slots_from_legacy(rule, r.before.slots[n], r.lr_state),
+                          w=r.before.weights[n])
+            out[n] = optimizers.predict(rule, before, r.legacy.gradients[n], lr, powers)["w"]
+        return out
+
+    def distance(rule: optimizers.Rule) -> float:
+        p = predicted(rule)
+        return math.sqrt(sum(float(np.sum(np.square(p[n] - r.before.weights[n] - port[n]))) for n in names) / norm)
+    def with_beta(field: str, b: float) -> optimizers.Rule:
+        return dataclasses.replace(legacy.rule, beta1=b) if field == "beta1" else \
+            dataclasses.replace(legacy.rule, beta2=b)
+    fits = []
+    for field in ("beta1", "beta2"):
+        own = float(getattr(legacy.rule, field))
+        grid = list(BETAS) + ([float(getattr(sides.modern.rule, field))] if sides.modern.rule.known else [])
+        value = search(functools.partial(lambda f, b: distance(with_beta(f, b)), field), [b for b in grid if 0 < b < 1])
+        p = predicted(with_beta(field, value))
+        worst = max(change_error(n, r.before.weights[n], r.port_weights[n], p[n], tol).rel_l2 for n in names)
+        differs = max(change_error(n, r.before.weights[n], p[n], r.legacy_after.weights[n], tol).rel_l2 for n in names)
+        if worst <= tol and differs > tol and abs(value - own) > 1e-6:
+            fits.append((worst, field, value, own))
+    if not fits:
+        return None
+    worst, field, value, own = min(fits)
+    also = [f"{f} {v:.6g}" for _, f, v, _ in fits if f != field]
+    return likely("adam_beta", f"the port's update is the original's Adam with {field} {value:.6g} where the "
+                               f"original's is {own:g} (step {r.step}, every variable, {field} found by a search)"
+                  + (f"; {also[0]} fits as well: the step's slots cannot tell the two apart" if also else ""),
+                  worst, tol)
 
 
 def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:

@@ -474,3 +474,16 @@ def test_moving_statistics_of_replica_0_only_are_named(sides, monkeypatch):
     cause = results["bn moving statistics"].diagnosis.cause
     assert cause.startswith("likely cause [replica_statistics]: the port's update with replica 0's statistics "
                             "only:"), cause
+
+
+def test_adam_with_another_beta2_fails_the_optimizer_checks_and_is_named(sides, monkeypatch):
+    """The port's Adam with beta_2 0.99 (the original's 0.999): the search over each beta finds beta2 at
+    0.99, and beta1 fits at no value (the step's epsilon and bias correction tell a beta from a scale)."""
+    monkeypatch.setattr(sides.modern.optimizer, "beta_2", 0.99)
+    results = restart(sides)
+    assert [name for name, r in results.items() if r.status == "FAIL"] == [
+        "1 training step: optimizer on each side", "1 training step: optimizers side by side"]
+    cause = results["1 training step: optimizers side by side"].diagnosis.cause
+    assert cause.startswith("likely cause [adam_beta]: the port's update is the original's Adam with beta2 0.99 "
+                            "where the original's is 0.999 (step 10000, every variable, beta2 found by a search)"), cause
+    assert "fits as well" not in cause
