@@ -59,6 +59,12 @@ CATALOGUE: dict[str, Cause] = {c.key: c for c in (
           "batch-norm epsilon: slim's batch_norm 0.001 (resnet_arg_scope 1e-5), TF1's fused kernel up to 2021 "
           "raised it to 1.001e-5, Keras' BatchNormalization 1e-3",
           "tensorflow/tensorflow#55545 and the Keras BatchNormalization docs"),
+    Cause("port_regulariser", "structure",
+          "a regulariser on other variables: TF1 programs add l2_loss over the weights they name (often the "
+          "kernels only), a Keras port that sets a bias_regularizer, or a regularizer on every weight, "
+          "regularises what the original leaves alone (and the other way round); 1e-4 of a bias is below any "
+          "one step's tolerance, so only the structure shows it",
+          "keras.layers.Dense / Conv2D kernel_regularizer and bias_regularizer; the original's l2 collection"),
     Cause("keep_prob", "dropout",
           "keep_prob against rate: tf.nn.dropout(keep_prob=p) keeps p of the units, keras.layers.Dropout(rate) "
           "drops rate of them: Dropout(p) keeps 1 - p",
@@ -378,6 +384,35 @@ def explain_loss_scale(sides: Sides, legacy: float, modern: float, term_m: float
                         f"loss ({modern:.4g})")
                 return likely("loss_scale", f"the port's {part} {how} the original's, divided back", error, tolerance)
     return unexplained(tried)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure: what each side regularises (a port-only property: the port's own regularisers)
+
+def explain_structure(legacy: dict[str, float], modern: dict[str, float], tolerance: float) -> str:
+    """The port_regulariser entry (a closed form: the port's own regularisers, which no feed of the
+    original's graph changes): the port's L2 coefficients with those on variables the original leaves
+    alone removed, and those it leaves out given the original's, against the original's; then the
+    regulariser_scale entry on what is left, one ratio k for every coefficient."""
+    extra = sorted(set(modern) - set(legacy))
+    missing = sorted(set(legacy) - set(modern))
+    mended = {n: c for n, c in modern.items() if n in legacy} | {n: legacy[n] for n in missing}
+    ratios = {n: mended[n] / legacy[n] for n in legacy if legacy[n]}
+    off = max((abs(k - 1) for k in ratios.values()), default=0.0)
+    if (extra or missing) and off <= tolerance:
+        words = [f"the port regularises {len(extra)} variable{'s' if len(extra) > 1 else ''} the original leaves "
+                 f"alone ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})"] if extra else []
+        words += [f"the port leaves {len(missing)} the original regularises unregularised ({', '.join(missing[:3])}"
+                  f"{', ...' if len(missing) > 3 else ''})"] if missing else []
+        return likely("port_regulariser", "; ".join(words) + ": with those regularisers as the original has them",
+                      off, tolerance)
+    values = list(ratios.values())
+    if not extra and not missing and values and max(values) - min(values) <= tolerance * max(values):
+        k = float(np.mean(values))
+        return likely("regulariser_scale", f"the port's L2 coefficients {k:.4g} times the original's (Keras' "
+                                           f"L2(c) is c sum(w^2), tf.nn.l2_loss is sum(w^2) / 2): divided by {k:.4g}",
+                      max(abs(v / k - 1) for v in values), tolerance)
+    return unexplained(["port_regulariser", "regulariser_scale"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -326,6 +326,10 @@ def test_a_port_that_also_regularises_the_biases_fails_by_structure(tmp_path, mo
     structure = results["deviation: structure (regularised, averaged, trained)"]
     names = {e.name for e in structure.errors if e.rel_l2 > structure.tolerance.rel_l2}
     assert names == {"layer1/biases regularised by the port only", "layer2/biases regularised by the port only"}
+    assert structure.diagnosis.cause.startswith(
+        "likely cause [port_regulariser]: the port regularises 2 variables the original leaves alone (layer1/biases, "
+        "layer2/biases): with those regularisers as the original has them: the difference then vanishes"), \
+        structure.diagnosis.cause
 
 
 def test_the_permutation_test_allows_the_towers_order_within_the_step_that_ends_the_epoch():

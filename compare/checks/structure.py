@@ -22,8 +22,9 @@ import math
 
 import numpy as np
 
+from compare import causes, diagnosis
 from compare.measures import legacy_regularisers, modern_regularisers
-from compare.report import EPS32, Result, TensorError, Tolerance, judge, tensor_error
+from compare.report import EPS32, Diagnosis, Result, TensorError, Tolerance, judge, tensor_error
 from compare.sides import Sides
 
 SCALE_TOLERANCE = Tolerance("structure", 8 * EPS32, "the same variables on both sides; an L2 coefficient given in "
@@ -66,5 +67,10 @@ def check_structure(sides: Sides) -> Result:
     notes.append(f"trained: {len(legacy.trainable)} variables")
     nothing = ("the same variables trained; the port regularises in its step" if by_hand
                else "nothing regularised or averaged on either side")
-    return judge(name, sides.pair.name, errors or [TensorError(nothing, 0.0, 0.0, 0.0)], SCALE_TOLERANCE,
-                 note="; ".join(notes))
+    result = judge(name, sides.pair.name, errors or [TensorError(nothing, 0.0, 0.0, 0.0)], SCALE_TOLERANCE,
+                   note="; ".join(notes))
+    if by_hand or other:
+        return result
+    return diagnosis.guarded(result, lambda: Diagnosis(
+        "the regularised variables" if set(reg_l) != set(reg_m) else "the L2 coefficients",
+        causes.explain_structure(reg_l, reg_m, SCALE_TOLERANCE.rel_l2)))
