@@ -95,9 +95,10 @@ class Tried:
 @dataclasses.dataclass
 class TowerParts:
     """One tower of the original: its loss, the regularisation tensors and the data tensors its loss
-    adds (the inputs of the sums where the L2 terms meet the rest), the dense labels each of its
-    cross-entropies takes, its own gradients of the loss and of the regularisation (built here), and
-    the program's tensors where its gradient of each variable enters the join of the towers."""
+    adds (the inputs of the sums where the L2 terms meet the rest; the loss itself where it adds
+    none), the dense labels each of its cross-entropies takes, its own gradients of the loss and of
+    the regularisation (built here), and the program's tensors where its gradient of each variable
+    enters the join of the towers."""
     loss: Any
     regularisation: list[Any]
     data: list[Any]
@@ -208,6 +209,7 @@ def structure(legacy: LegacyRun) -> Original:
     with legacy.graph.as_default(), tf1.name_scope("parity_counterfactuals/"):
         for i, loss in enumerate(lg.tower_losses):
             reg, data = joins(loss)
+            data = data or [loss]  # a loss that adds no L2 terms is its data loss whole
             labels = [op.inputs[1] for op in tf1_graph.ancestors([loss]) if op.type in CROSS_ENTROPIES]
             copies = [legacy.replica_copy(name, i) for name in legacy.trainable]
             reg_grads = dense(tf.add_n([tf.reduce_sum(r) for r in reg]), copies) if reg else \
@@ -362,7 +364,7 @@ def needs_regularisation(o: Original) -> Optional[str]:
 
 
 def needs_join(o: Original) -> Optional[str]:
-    return None if o.joined else "no tower's loss is a sum of a data loss and L2 terms"
+    return None if o.joined else "no tower's data loss found"
 
 
 def needs_labels(o: Original) -> Optional[str]:
@@ -423,8 +425,9 @@ def loss_scale(trial: Trial) -> Tried:
     def what(part: str) -> Callable[[float], str]:
         return lambda a: f"the port's {part} {ratio(a, n)} the original's: the original run with each tower's {part} " \
                          f"times {a:.4g}"
+    parts = (("data loss (its loss less its regularisation)", data), ("whole loss", whole))
     found = [tried(trial, "loss_scale", changed, scales(n), what(part))
-             for part, changed in (("data loss (its loss less its regularisation)", data), ("whole loss", whole))]
+             for part, changed in (parts if trial.original.regularised else parts[1:])]
     return min(found, key=lambda t: t.residual)
 
 

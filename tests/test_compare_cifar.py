@@ -228,6 +228,11 @@ def test_loss_averaged_over_each_replicas_own_rows_fails_the_gradient_check(side
     gradients = results["gradients (read out of the train step)"]
     assert forward_pass.status == "FAIL" and forward_pass.worst.max_rel == pytest.approx(0.5, abs=1e-3)
     assert gradients.status == "FAIL" and gradients.worst.max_rel > 0.4
+    # Named on the original's graph: its towers' losses, which add no regulariser, fed twice their value.
+    for result in (forward_pass, gradients):
+        assert result.diagnosis.cause.startswith("likely cause [loss_scale]: the port's whole loss 2 times the "
+                                                 "original's: the original run with each tower's whole loss times 2"), \
+            result.diagnosis.cause
 
 
 def restart(sides, at=(10000,)):
