@@ -535,12 +535,16 @@ def explain_adam_beta(sides: Sides, r: Any, lr: float) -> Optional[str]:
                   worst, tol)
 
 
-def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
+def explain_trajectory(sides: Sides, start: Any, steps: int,
+                       given: Callable[[str], str] = lambda line: line) -> str:
     """The optimizer entries on the port's own trajectory: the port trained freely from `start` for a few
     steps, its updates (from its own weights, on its own gradients, at its own rates) predicted by the
     original's rule carried along, and by that rule with each entry's change.  An entry explains the
     trajectory when its prediction holds at every step and the original's rule does not (momentum
-    under a rate that changes: the restart steps, which continue the legacy state exactly, cannot see it)."""
+    under a rate that changes: the restart steps, which continue the legacy state exactly, cannot see it).
+    Where the original's rule holds at the original's rates, the updates were given other gradients:
+    `given(line)` says why (the caller's counterfactuals on a step's loss and gradients), `line` the
+    fallback."""
     legacy, modern = sides.legacy, sides.modern
     if not legacy.rule.known:
         return unexplained([])
@@ -570,7 +574,8 @@ def explain_trajectory(sides: Sides, start: Any, steps: int) -> str:
         steps_run = [start.step + k for k in range(len(record))]
         if any(np.float32(lr) != np.float32(legacy.learning_rate_at(s)) for s, (_, _, lr, _) in zip(steps_run, record)):
             return explain_schedule(sides, steps_run)  # the rule holds; the rates it was given do not
-        return unexplained([]) + "; the port's own trajectory follows the original's rule at the original's rates"
+        return given(unexplained([]) + "; the port's own trajectory follows the original's rule at the original's "
+                                       "rates")
     tried = []
     for key, what, variant in optimizer_variants(legacy.rule, modern.rule):
         tried.append(key)

@@ -82,9 +82,13 @@ def test_legacy_l2_rate_doubled_fails_the_training_checks(tmp_path, monkeypatch)
                 f"{label}: gradients (read out of the train step)"} <= set(failed(results))
         assert results[f"{label}: lr schedule"].status == "PASS"
         assert results[f"{label}: input pipelines"].status == "PASS"
-        cause = results[f"{label}: gradients (read out of the train step)"].diagnosis.cause
-        assert cause.startswith("likely cause [regulariser_scale]: the port's L2 coefficients 5e-05 against 0.0001"), \
-            cause
+        for check in ("gradients (read out of the train step)", f"{STEPS} free-running steps (chaos floor)"):
+            cause = results[f"{label}: {check}"].diagnosis.cause
+            assert cause.startswith("likely cause [regulariser_scale]: the port's L2 coefficients 5e-05 against "
+                                    "0.0001"), cause
+    # The free-running steps: the port's updates follow the original's rule, so their first step's
+    # gradients are tried on the original's graph.
+    assert "its first free step's loss and gradients, on the original's graph" in cause
 
 
 def test_moving_average_without_warm_up_fails_the_moving_average_checks(tmp_path, monkeypatch):

@@ -6,7 +6,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from compare import causes, diagnosis
+from compare import causes, counterfactuals, diagnosis
+from compare.checks import forward
+from compare.measures import free_biases
 from compare.report import BLOCK, Diagnosis, Part, Result, TensorError, judge, squares
 from compare.sides import Sides, State
 
@@ -120,4 +122,19 @@ def _localise_trajectory(sides: Sides, start: State, steps: int, rows: Sequence[
              for k, q in enumerate(ratios)]
     where = (f"first at free-running step {first} ({ratios[first]:.3g} of allowed)"
              + (f"; step{'s 0 to' if first > 1 else ''} {first - 1} within" if first else ""))
-    return Diagnosis(where, causes.explain_trajectory(sides, start, steps), parts, "steps")
+    return Diagnosis(where, causes.explain_trajectory(sides, start, steps, lambda line: first_step_cause(
+        sides, start, line)), parts, "steps")
+
+
+def first_step_cause(sides: Sides, start: State, line: str) -> str:
+    """Where the port's updates follow the original's rule at its rates, the trajectories part by the
+    gradients the updates are given: the counterfactuals on the first free step's loss and gradients
+    (its rows and dropout masks), `line` where none explains them."""
+    batch = sides.batch(seed=200)
+    both = forward.step_both(sides, batch, start)
+    symptom = counterfactuals.Symptom(start, batch, both.legacy.masks, both.legacy.loss, both.legacy.gradients,
+                                      both.modern.loss, both.modern.gradients, free_biases(both.legacy.gradients))
+    found = counterfactuals.explain(sides, symptom, lambda: line)
+    return found if found.startswith(causes.UNEXPLAINED) else \
+        f"{found} (the port's updates follow the original's rule at its rates; its first free step's loss and " \
+        f"gradients, on the original's graph)"
