@@ -475,8 +475,14 @@ def explain_optimizer(sides: Sides, r: Any) -> str:
             if worst > tol:
                 break
         if worst <= tol and differs > tol:
-            return likely(key, f"the port's update is the original's rule with {what} (step {r.step}, every "
-                               f"variable)", worst, tol)
+            ran = run_on_graph(sides, r, variant)
+            if ran is None:
+                return likely(key, f"the port's update is the original's rule with {what} (step {r.step}, every "
+                                   f"variable; predicted: no feed of the original's graph makes this change)",
+                              worst, tol)
+            if ran[0] <= tol:
+                return likely(key, f"the port's update is the original's rule with {what} (step {r.step}, every "
+                                   f"variable): the original's step run with {ran[1]}", ran[0], tol)
     if legacy.rule.rule == "adam":
         tried.append("adam_beta")
         found = explain_adam_beta(sides, r, lr)
@@ -529,10 +535,43 @@ def explain_adam_beta(sides: Sides, r: Any, lr: float) -> Optional[str]:
         return None
     worst, field, value, own = min(fits)
     also = [f"{f} {v:.6g}" for _, f, v, _ in fits if f != field]
+    ran = run_on_graph(sides, r, with_beta(field, value))
+    if ran is not None and ran[0] > tol:
+        return None  # the original's own update, so changed, does not make the port's
     return likely("adam_beta", f"the port's update is the original's Adam with {field} {value:.6g} where the "
                                f"original's is {own:g} (step {r.step}, every variable, {field} found by a search)"
+                  + (f": the original's step run with {ran[1]}" if ran is not None else "")
                   + (f"; {also[0]} fits as well: the step's slots cannot tell the two apart" if also else ""),
-                  worst, tol)
+                  ran[0] if ran is not None else worst, tol)
+
+
+def run_on_graph(sides: Sides, r: Any, rule: optimizers.Rule) -> Optional[tuple[float, str]]:
+    """The original's own training step from `r`'s state on its rows and masks, with the hyper-parameter
+    inputs of its update ops fed `rule`'s values where they differ from its own (and, for Adam's betas,
+    its beta powers fed that beta's power): (the worst error of the port's update against it, the
+    change in words); None where `rule` differs from the original's otherwise (a parameterisation, an
+    epsilon's placement: no feed makes it) or the step's rows were not kept."""
+    legacy = sides.legacy
+    base = legacy.rule
+    hyper = optimizers.HYPER.get(base.rule, ())
+    differ = [f.name for f in dataclasses.fields(base) if f.name != "label" and getattr(base, f.name) !=
+              getattr(rule, f.name)]
+    if r.batch is None or not differ or any(f not in hyper for f in differ):
+        return None
+    updates = list(legacy.updates.values())
+    if not all(f in u.inputs for u in updates for f in differ):
+        return None
+    feed: dict[Any, Any] = {}
+    for u in updates:
+        for f in differ:
+            value = np.float32(getattr(rule, f))
+            feed[u.inputs[f]] = value
+            if f in ("beta1", "beta2") and f"{f}_power" in u.inputs:
+                feed[u.inputs[f"{f}_power"]] = value ** np.float32(r.step + 1)
+    after = legacy.changed_step(r.before, r.batch, r.legacy.masks, feed)
+    tol = sides.tol.optimizer.rel_l2
+    worst = max(change_error(n, r.before.weights[n], r.port_weights[n], after[n], tol).rel_l2 for n in legacy.trainable)
+    return worst, ", ".join(f"its update ops' {f} fed {getattr(rule, f):g}" for f in differ)
 
 
 def explain_trajectory(sides: Sides, start: Any, steps: int,

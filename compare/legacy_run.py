@@ -293,6 +293,16 @@ class LegacyRun:
             towers: Optional[TowerRows] = None) -> Any:
         return self.sess.run(fetches, self.feed(batch, training, masks, towers).feed_dict)
 
+    def changed_step(self, state: State, batch: Batch, masks: Masks, changes: dict[Any, Any]) -> dict[str, np.ndarray]:
+        """From `state`, one training step (the program's train_op) on `batch` with `changes` fed (tensors
+        of its graph: the values they take instead): its trainable weights after it.  `state` is put back."""
+        self.restore(state)
+        try:
+            self.sess.run(self.lg.train_op, {**self.feed(batch, True, masks).feed_dict, **changes})
+            return self.read(list(self.trainable))
+        finally:
+            self.restore(state)
+
     def gradients(self, batch: Batch, masks: Masks = None, towers: Optional[TowerRows] = None) -> StepOutcome:
         """The combined loss and the averaged gradients of one fed batch in training mode (nothing applied)."""
         loss, grads = self.run([self.lg.loss, self.applied], batch, True, masks, towers)

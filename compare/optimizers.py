@@ -143,16 +143,28 @@ class Rule:
         return f"{self.rule.replace('_', ' ')}" + (f" ({settings})" if settings else "")
 
 
+def constant(tensor: Any) -> Optional[float]:
+    """The value of a Const tensor, or of a Cast or Identity of one; None for any other.  Read off the
+    node, not by tf.get_static_value, which marks the tensor as one that may not be fed (the
+    counterfactuals of compare.causes feed these)."""
+    import tensorflow as tf
+    op = tensor.op
+    while op.type in ("Cast", "Identity") and op.inputs:
+        op = op.inputs[0].op
+    if op.type != "Const":
+        return None
+    return float(np.asarray(tf.make_ndarray(op.get_attr("value"))).ravel()[0])
+
+
 def legacy_rule(update: Any, sess: Any) -> Rule:
     """The Rule of a TF1 update op (compare.tf1_graph.OptimizerUpdate), its constants read from the
     graph (they are Const ops; running them could run the control dependencies an optimizer built
     under, such as UPDATE_OPS), else evaluated."""
-    import tensorflow as tf
     values: dict[str, Any] = {}
     for n in HYPER.get(update.rule, ()):
         if n not in update.inputs:
             continue
-        value = tf.get_static_value(update.inputs[n])
+        value = constant(update.inputs[n])
         values[n] = float(sess.run(update.inputs[n]) if value is None else value)
     label = update.op.type if update.op is not None else "no update op"
     return dataclasses.replace(Rule(update.rule, "tf1", nesterov=update.nesterov, label=label), **values)

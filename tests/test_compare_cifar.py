@@ -267,6 +267,9 @@ def test_adam_with_keras_default_epsilon_fails_only_the_optimizer_check(sides, m
     assert side_by_side.where.startswith("first at step 10000: weights"), side_by_side.where
     assert side_by_side.cause.startswith("likely cause [epsilon]: the port's update is the original's rule with "
                                          "epsilon 1e-07 where the original's is 1e-08"), side_by_side.cause
+    # Run on the original's graph: its own update ops, their epsilon fed 1e-7, make the port's update.
+    assert "the original's step run with its update ops' epsilon fed 1e-07: the difference then vanishes" \
+        in side_by_side.cause
 
 
 def test_the_ports_adam_at_keras_default_epsilon_fails_the_configuration_check(sides, monkeypatch):
@@ -492,3 +495,4 @@ def test_adam_with_another_beta2_fails_the_optimizer_checks_and_is_named(sides, 
     assert cause.startswith("likely cause [adam_beta]: the port's update is the original's Adam with beta2 0.99 "
                             "where the original's is 0.999 (step 10000, every variable, beta2 found by a search)"), cause
     assert "fits as well" not in cause
+    assert "the original's step run with its update ops' beta2 fed 0.99: the difference then vanishes" in cause
