@@ -775,11 +775,17 @@ def explain_moving(judge: Callable[[MovingVariant], tuple[bool, float, float]], 
 
 
 def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, float, float]],
-                     d: Callable[[float], float], far: float, fitted: Optional[float] = None) -> str:
+                     d: Callable[[float], float], far: float, fitted: Optional[float] = None,
+                     on_graph: Sequence[tuple[str, float, Callable[[float], Callable[[float], float]]]] = (),
+                     last: Optional[float] = None) -> str:
     """The warm-up entry: the port's shadow updates against the legacy ones predicted with the decay
-    without its warm-up (d(far) at every step), or with TF1's warm-up where the legacy has none.  Then
-    the decay entry: `fitted`, the decay the port's last shadow update took (past the warm-up), in
-    place of the original's, with the original's warm-up or its absence, at every step."""
+    without its warm-up (d(far) at every step: the original's decay tensor past its warm-up), or with
+    TF1's warm-up where the legacy has none.  Then the decay entry: `fitted`, the decay the port's last
+    shadow update took (past the warm-up), fed to each constant of the original's decay tensor
+    (`on_graph`: name, value, value -> the changed d(n)), its own warm-up or its absence kept; where no
+    constant is the decay, the formula with the original's warm-up or its absence.  `last`: the step
+    counter the fitted update averaged at; where TF1's warm-up (1 + n) / (10 + n) there is the fitted
+    decay, any decay above it gives the same, and the line says so."""
     final = d(far)
     warm_up_in_legacy = d(0) != final
     variant = (lambda n: final) if warm_up_in_legacy else (lambda n: min(final, (1 + n) / (10 + n)))
@@ -791,10 +797,20 @@ def explain_averages(judge: Callable[[Callable[[float], float]], tuple[bool, flo
     if fitted is None or not 0 < fitted < 1:
         return unexplained(["ema_warmup"])
     own = fitted
+    floor = last is not None and abs(own - (1 + last) / (10 + last)) <= 1e-6
+    words = (f"a decay of {own:.6g} or more (at step {last:g} the warm-up (1 + n) / (10 + n) is {own:.6g}: any "
+             f"decay above it averages the same)" if floor else f"decay {own:.6g}")
+    for name, value, changed in on_graph:
+        if abs(value - final) > 1e-6 * max(abs(final), 1.0):
+            continue  # not the decay: a warm-up's constant
+        ok, worst, tol = judge(changed(own))
+        if ok:
+            return likely("ema_decay", f"the port averages with {words} where the original's is {final:g}: the "
+                                       f"original's decay tensor with its constant {name} fed {own:.6g}", worst, tol)
     ok, worst, tol = judge((lambda n: min(own, (1 + n) / (10 + n))) if warm_up_in_legacy else (lambda n: own))
     if ok:
-        return likely("ema_decay", f"the port averages with decay {own:.6g} where the original's is {final:g}", worst,
-                      tol)
+        return likely("ema_decay", f"the port averages with {words} where the original's is {final:g} (predicted: "
+                                   f"no constant of the original's decay tensor is its decay)", worst, tol)
     return unexplained(["ema_warmup", "ema_decay"])
 
 

@@ -120,6 +120,13 @@ def test_moving_average_decay_of_the_wrong_flag_fails_past_the_warm_up(tmp_path,
             step_errors[k] = max(step_errors.get(k, 0.0), e.rel_l2)
     assert all(step_errors[k] <= tolerance for k in range(STEPS // 2))   # warm-up: the decay is masked
     assert any(step_errors[k] > tolerance for k in range(STEPS // 2, STEPS))  # from step 900 on it shows
+    # Named on the original's graph: its decay tensor, warm-up and all, with its decay constant fed the
+    # decay the port's last update took.  At those steps the port's own warm-up governs its 0.999: the
+    # line gives the decay as a floor.
+    cause = results["deviation: moving averages"].diagnosis.cause
+    assert cause.startswith("likely cause [ema_decay]: the port averages with a decay of 0.99013") and \
+        "or more (at step" in cause and "where the original's is 0.99: the original's decay tensor with its " \
+        "constant ExponentialMovingAverage/decay fed 0.99013" in cause, cause
 
 
 def test_gradients_scaled_by_1_001_fail_the_gradient_check(tmp_path, monkeypatch):

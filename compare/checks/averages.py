@@ -16,6 +16,7 @@ At every step each side's shadow update is predicted from its own values:
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -37,6 +38,20 @@ def decay_function(sides: Sides) -> tuple[Callable[[float], float], bool]:
     ordered = legacy.updates[name].op in tf1_graph.ancestors([op])
     one_minus_at = tf1_graph.StepFunction(legacy.graph, one_minus, legacy.global_step_var, legacy.sess)
     return (lambda n: 1.0 - one_minus_at(n)), ordered
+
+
+def decay_changes(sides: Sides) -> list[tuple[str, float, Callable[[float], Callable[[float], float]]]]:
+    """The decay d(n) of the original's graph with one of its scalar constants fed another value: for
+    each constant of the `1 - decay` tensor's subgraph (the decay itself, the warm-up's 1 and 10), its
+    name, its value, and value -> the changed d(n)."""
+    legacy = sides.legacy
+    _, _, one_minus = tf1_graph.shadow_update(legacy.graph, legacy.shadows[sorted(legacy.shadows)[0]])
+    f = tf1_graph.StepFunction(legacy.graph, one_minus, legacy.global_step_var, legacy.sess)
+
+    def changed(name: str, value: float) -> Callable[[float], float]:
+        return lambda n: 1.0 - f(n, {name: value})
+    return [(name, f.value(name), functools.partial(changed, name)) for name, t in f.constants.items()
+            if t.dtype.is_floating]
 
 
 def past_warm_up(d: Callable[[float], float]) -> int:
@@ -86,7 +101,8 @@ def _modern_shadow_errors(step: ShadowStep, names: Sequence[str], d: Callable[[f
 
 
 def _localise_averages(result: Result, modern_errors: Sequence[TensorError], steps: Sequence[ShadowStep],
-                       names: Sequence[str], d: Callable[[float], float], tol: Tolerance, regimes: str) -> Result:
+                       names: Sequence[str], d: Callable[[float], float], tol: Tolerance, regimes: str,
+                       sides: Sides) -> Result:
     """The first of the port's shadow updates (`modern_errors`) that parts, and whether another
     warm-up explains it."""
     failing = [e for e in modern_errors if e.rel_l2 > tol.rel_l2]
@@ -98,7 +114,8 @@ def _localise_averages(result: Result, modern_errors: Sequence[TensorError], ste
         return worst <= tol.rel_l2, worst, tol.rel_l2
     where = f"first at {failing[0].name} ({failing[0].rel_l2:.3g} against {tol.rel_l2:.3g}); {regimes}"
     return diagnosis.guarded(result, lambda: Diagnosis(
-        where, causes.explain_averages(modern_judge, d, FAR, fitted_decay(steps[-1], names)), [], "averages"))
+        where, causes.explain_averages(modern_judge, d, FAR, fitted_decay(steps[-1], names), decay_changes(sides),
+                                       steps[-1].n + 1), [], "averages"))
 
 
 def fitted_decay(step: ShadowStep, names: Sequence[str]) -> Optional[float]:
@@ -170,7 +187,7 @@ def check_moving_averages(sides: Sides, steps: int, start: Optional[State] = Non
                if half else f"{steps} steps from step {start.step} (decay {d(start.step):g})")
 
     def localise(result: Result) -> Result:
-        return _localise_averages(result, modern_errors, modern_steps, names, d, tol, regimes)
+        return _localise_averages(result, modern_errors, modern_steps, names, d, tol, regimes, sides)
     if ordered:
         return [localise(judge(name, sides.pair.name, errors, tol,
                                note=f"legacy averages after the update, as the modern program; {regimes}"))]
