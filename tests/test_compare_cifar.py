@@ -493,6 +493,7 @@ def test_adam_with_another_beta2_fails_the_optimizer_checks_and_is_named(sides, 
         "1 training step: optimizer on each side", "1 training step: optimizers side by side"]
     cause = results["1 training step: optimizers side by side"].diagnosis.cause
     assert cause.startswith("likely cause [adam_beta]: the port's update is the original's Adam with beta2 0.99 "
-                            "where the original's is 0.999 (step 10000, every variable, beta2 found by a search)"), cause
+                            "where the original's is 0.999 (step 10000, every variable, beta2 found by a search)"), \
+        cause
     assert "fits as well" not in cause
     assert "the original's step run with its update ops' beta2 fed 0.99: the difference then vanishes" in cause
