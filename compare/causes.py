@@ -6,12 +6,19 @@ was localised (compare.diagnosis):
   on the port's layer     its padding or its batch norm's epsilon changed to the original's, the
                           layer run again on the legacy program's input to it;
   on the original's graph the loss, regulariser, smoothing and clip entries, run as changes of the
-                          original (compare.counterfactuals), tried first;
+                          original (compare.counterfactuals), tried first; a schedule's constants
+                          (schedule_constant) and the moving average's decay fed to the tensors
+                          that compute the original's rate and decay; an optimizer entry that fits
+                          run again as the original's own step with its update ops' constants fed;
   on the port's gradients its regulariser's term rescaled to the original's (a closed form, for
-                          what no feed of the original's graph makes: a port-only regulariser);
+                          what no feed of the original's graph makes: a port-only regulariser), and
+                          the port's regularisers read off its structure (port_regulariser);
   as a prediction         the original's optimizer rule, schedule, moving-statistics or moving-average
                           update with the known change made, against what the port did (the port's
-                          own values; the rules are those `compare.optimizers` checks both sides by).
+                          own values; the rules are those `compare.optimizers` checks both sides by),
+                          where no feed makes the change: a parameterisation, an epsilon's placement,
+                          the port's own schedule object, moving statistics the original moves once
+                          per tower.
 
 The first entry under which the difference vanishes (every tensor within the tolerance it failed) is
 the likely cause, reported with the error it then shows; where none does, the report says so and
@@ -24,6 +31,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import re
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import keras
@@ -169,6 +177,19 @@ def unexplained(tried: Sequence[str]) -> str:
                           " (no catalogue entry applies here)")
 
 
+def first_cause(entries: Sequence[Callable[[], str]]) -> str:
+    """The first of `entries` (each an entry's run, its line) that names a likely cause; else the one
+    unexplained line naming what every entry says it tried."""
+    tried: list[str] = []
+    for run in entries:
+        line = run()
+        if not line.startswith(UNEXPLAINED):
+            return line
+        said = re.match(re.escape(UNEXPLAINED) + r" \(tried: ([^)]*)\)", line)
+        tried += said.group(1).split(", ") if said else []
+    return unexplained(tried)
+
+
 # ---------------------------------------------------------------------------------------------
 # Layers: counterfactuals on the port's own layer
 
@@ -311,15 +332,14 @@ def explain_loss(sides: Sides, legacy: float, modern: float, weights: dict[str, 
 
 
 def explain_clip_per_replica(parts: Sequence[dict[str, np.ndarray]], combined: dict[str, np.ndarray],
-                             applied: dict[str, np.ndarray], modern: dict[str, np.ndarray], judge: Judge,
-                             tried: Sequence[str]) -> str:
+                             applied: dict[str, np.ndarray], modern: dict[str, np.ndarray], judge: Judge) -> str:
     """The clip_per_replica entry: where the original's applied gradient is its towers' combined one
     clipped (its global norm below the combined one's: the clip norm is that norm), each replica's
     part (`parts`, each tower's weighted gradient) clipped to that norm alone and then summed, against
     the port's: the candidate handed to `judge` (which compares with the original's) is the port's
     gradient less that prediction plus the original's, within tolerance exactly where the port
     applied the prediction."""
-    tried = [*tried, "clip_per_replica"]
+    tried = ["clip_per_replica"]
     norm = lambda g: float(np.sqrt(sum(np.sum(np.square(np.asarray(v, np.float64))) for v in g.values())))  # noqa: E731
     clip = norm(applied)
     if len(parts) < 2 or not clip < norm(combined) * (1 - 1e-6):
@@ -336,7 +356,7 @@ def explain_clip_per_replica(parts: Sequence[dict[str, np.ndarray]], combined: d
 
 
 def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray, losses: tuple[float, float],
-                      per_smoothing: float, tolerance: float, tried: Sequence[str]) -> str:
+                      per_smoothing: float, tolerance: float) -> str:
     """The label_smoothing entry on a loss whose layers all agree: the smoothing difference d that
     the loss difference takes (the loss moves by d (U - CE) per row), and the port's gradient of the
     bias the logits add last against the legacy one moved by d (y - 1/K) per row, up to one common
@@ -345,7 +365,7 @@ def explain_smoothing(bias: tuple[np.ndarray, np.ndarray], direction: np.ndarray
     bias: (legacy, modern) gradient of that bias; direction: the rows' mean of (y - 1/K);
     losses: (legacy, modern) loss; per_smoothing: the rows' mean of (U - CE), U the mean of -log p
     over the classes, CE the true class's -log p."""
-    tried = [*tried, "label_smoothing"]
+    tried = ["label_smoothing"]
     legacy, modern = (np.asarray(b, np.float64) for b in bias)
     if len(direction) < 3:
         return unexplained(tried)

@@ -52,3 +52,17 @@ def test_an_entry_that_explains_nothing_says_what_was_tried():
     assert causes.unexplained(["epsilon", "epsilon", "momentum_parameterisation"]) == (
         "no known cause explains it (tried: epsilon, momentum_parameterisation)")
     assert causes.unexplained([]) == "no known cause explains it (no catalogue entry applies here)"
+
+
+def test_the_closed_forms_are_tried_in_turn_and_their_tried_lists_joined_by_no_caller():
+    ran = []
+
+    def entry(line):
+        return lambda: ran.append(line) or line
+    assert causes.first_cause([entry(causes.unexplained(["regulariser_scale", "loss_scale"])),
+                               entry(causes.unexplained(["label_smoothing"]))]) == (
+        "no known cause explains it (tried: regulariser_scale, loss_scale, label_smoothing)")
+    ran.clear()
+    found = "likely cause [loss_scale]: the port's data term 2 times the original's"
+    assert causes.first_cause([entry(found), entry(causes.unexplained(["label_smoothing"]))]) == found
+    assert ran == [found]  # the first that names a cause ends the turn

@@ -275,10 +275,9 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                                       step.gradients, free)
 
     def closed_loss() -> str:
-        found = causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights, sides.tol.model.rel_l2)
-        if not found.startswith(causes.UNEXPLAINED):
-            return found
-        return smoothing_cause(sides, batch, both, start, ["regulariser_scale", "loss_scale"])
+        return causes.first_cause([
+            lambda: causes.explain_loss(sides, both.legacy.loss, step.loss, start.weights, sides.tol.model.rel_l2),
+            lambda: smoothing_cause(sides, batch, both, start)])
 
     def outside() -> str:
         return counterfactuals.explain(sides, symptom, closed_loss)
@@ -296,29 +295,29 @@ def check_training(sides: Sides, state: Optional[State] = None, suffix: str = ""
                                        forward.cause, forward.parts, forward.kind)
         judge_g = gradient_judge(sides, grads_l, free)
 
-        def closed_gradients() -> str:
-            found = causes.explain_gradients(sides, grads_l, step.gradients, start.weights, judge_g)
-            if not found.startswith(causes.UNEXPLAINED):
-                return found
+        def clip_cause() -> str:
             sides.legacy.restore(start)
             parts = [{n: w * g[n] for n in g} for w, g in zip(
                 both.towers.weights, sides.legacy.tower_gradients(batch, both.legacy.masks))]
             combined = {n: np.sum([p[n] for p in parts], axis=0) for n in grads_l}
-            return causes.explain_clip_per_replica(parts, combined, grads_l, step.gradients, judge_g,
-                                                   ["regulariser_scale", "loss_scale"])
+            return causes.explain_clip_per_replica(parts, combined, grads_l, step.gradients, judge_g)
+
+        def closed_gradients() -> str:
+            return causes.first_cause([
+                lambda: causes.explain_gradients(sides, grads_l, step.gradients, start.weights, judge_g), clip_cause])
         return diagnosis.localise_gradients(
             sides, gradients, lambda layer: counterfactuals.explain(sides, symptom, closed_gradients))
     diagnosis.guarded(loss, localise_loss)
     return [loss, diagnosis.guarded(gradients, localise_gradients)]
 
 
-def smoothing_cause(sides: Sides, batch: Batch, both: BothSteps, start: State, tried: list[str]) -> str:
+def smoothing_cause(sides: Sides, batch: Batch, both: BothSteps, start: State) -> str:
     """The label_smoothing entry (causes.explain_smoothing), measured on the legacy towers' logits of
     `batch` from `start` with the masks the step used: every row the towers see weighs the same."""
     legacy = sides.legacy
     bias = tf1_graph.logits_bias(legacy.lg.tower_logits[0], legacy.by_name)
     if bias is None or bias not in both.modern.gradients:
-        return causes.unexplained(tried)
+        return causes.unexplained(["label_smoothing"])
     legacy.restore(start)
     logits = legacy.run(list(legacy.lg.tower_logits), batch, True, both.legacy.masks)
     rows = [np.asarray(r, int) for r in both.towers.rows]
@@ -331,7 +330,7 @@ def smoothing_cause(sides: Sides, batch: Batch, both: BothSteps, start: State, t
     per_smoothing = float(np.mean(-log_p.mean(axis=1) + (onehot * log_p).sum(axis=1)))
     return causes.explain_smoothing((both.legacy.gradients[bias], both.modern.gradients[bias]),
                                     np.mean(onehot - 1.0 / k, axis=0), (both.legacy.loss, both.modern.loss),
-                                    per_smoothing, sides.tol.model.rel_l2, tried)
+                                    per_smoothing, sides.tol.model.rel_l2)
 
 
 def check_free_variables(sides: Sides) -> Result:
