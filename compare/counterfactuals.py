@@ -185,6 +185,22 @@ def entry_points(applied: Any, size: int, towers: int, owned: dict[Any, frozense
     return None
 
 
+def gradient_of(applied: Any, size: int) -> Optional[Any]:
+    """One tower's program: the tensor where its gradient of one variable (`size` elements) leaves the
+    backward pass on its way to the update (through a clip, a scale), found by walking back from what
+    the update receives through tensors of that size to the first an op of a `gradients` scope makes."""
+    stack, seen = [applied], set()
+    while stack:
+        t = stack.pop(0)
+        if t.ref() in seen:
+            continue
+        seen.add(t.ref())
+        if "gradients" in t.op.name.split("/"):
+            return t
+        stack += [i for i in t.op.inputs if i.dtype.is_floating and i.shape.num_elements() == size]
+    return None
+
+
 def dense(y: Any, variables: Sequence[Any]) -> list[Any]:
     """d y / d each variable, zeros where y does not depend on it."""
     return [g if g is not None else tf.zeros_like(v) for g, v in zip(tf1.gradients(y, variables), variables)]
@@ -203,8 +219,11 @@ def structure(legacy: LegacyRun) -> Original:
         missing = [name for name, p in zip(legacy.trainable, points) if p is None]
         if missing:
             why_not = f"no op joins the towers' gradients of {missing[0]} on its way to the update"
-    else:
-        points = [None] * len(variables)
+    else:  # one tower: where its gradients leave the backward pass (a clip between them and the update ran)
+        points = [[g] if (g := gradient_of(a, int(np.prod(v.shape)))) is not None else None
+                  for a, v in zip(legacy.applied, variables)]
+        if any(p is None for p in points):
+            points = [None] * len(variables)
     towers = []
     with legacy.graph.as_default(), tf1.name_scope("parity_counterfactuals/"):
         for i, loss in enumerate(lg.tower_losses):
@@ -248,7 +267,8 @@ class Trial:
         self.reg_values, self.data_values, self.label_values = ([b[k] for b in base] for k in (2, 3, 4))
         self.loss_values = [b[5] for b in base]
         # Where the program scales a tower's gradient before it joins the others (a weight): the scale.
-        self.scales = [self.scale(g, b[6]) for g, b in zip(self.grads, base)] if len(towers) > 1 else []
+        self.fed_at = all(e is not None for t in towers for e in t.entries)
+        self.scales = [self.scale(g, b[6]) for g, b in zip(self.grads, base)] if self.fed_at else []
 
     def run(self, fetches: Any, changes: Optional[dict] = None) -> Any:
         return self.legacy.sess.run(fetches, {**self.fed.feed_dict, **(changes or {})})
@@ -273,7 +293,7 @@ class Trial:
 
     def applied(self, parts: Sequence[Gradients]) -> Gradients:
         """What the program's update receives where tower i's gradients are parts[i]."""
-        if len(parts) == 1:  # one tower: what it hands its update is its gradient (`reproduces` tells)
+        if not self.fed_at:  # one tower handing its update its gradient as it is (`reproduces` tells)
             return parts[0]
         feed = {}
         for tower, c, part in zip(self.original.towers, self.scales, parts):

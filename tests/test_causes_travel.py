@@ -140,3 +140,16 @@ def test_command_line_fails_the_ports_doubled_regulariser_and_names_it_on_the_or
         assert result["status"] == "FAIL" and result["worst"]["rel_l2"] > 100 * result["tolerance_rel_l2"], check
         assert result["diagnosis"]["cause"].startswith("likely cause [regulariser_scale]"), result["diagnosis"]
         assert "regularisation times 2 (the port's coefficients that many times" in result["diagnosis"]["cause"]
+
+
+def test_at_one_tower_the_counterfactuals_run_through_the_programs_own_clip(tmp_path, data):
+    """One tower: its gradients are fed where they leave the backward pass, so the program's own clip
+    makes what its update receives, and the doubled regularisation is named with its value on the
+    original's graph (without that entry point the tower's gradient, unclipped, does not make the
+    update, the graph's entries are refused and only the closed form on the port's values names it)."""
+    argv = [*data[:-3], "8", *data[-2:]]
+    settings = harness.Settings(towers=1, steps=2, free_steps=4, quick=False, only=("training",))
+    results = judged(planted(tmp_path, PLANTS["regularisation x2"][0]), argv, tmp_path, settings)
+    cause = results[GRADIENTS].diagnosis.cause
+    assert results[GRADIENTS].status == "FAIL" and cause.startswith("likely cause [regulariser_scale]"), cause
+    assert "regularisation times 2 (the port's coefficients that many times" in cause, cause
