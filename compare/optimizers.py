@@ -153,7 +153,8 @@ def constant(tensor: Any) -> Optional[float]:
         op = op.inputs[0].op
     if op.type != "Const":
         return None
-    return float(np.asarray(tf.make_ndarray(op.get_attr("value"))).ravel()[0])
+    value = np.asarray(tf.make_ndarray(op.get_attr("value"))).ravel()[0]
+    return float(np.asarray(value, tensor.dtype.as_numpy_dtype))  # as the tensor holds it (a Cast's dtype)
 
 
 def legacy_rule(update: Any, sess: Any) -> Rule:
