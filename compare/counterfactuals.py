@@ -538,8 +538,10 @@ def explain(sides: Sides, symptom: Symptom, closed_forms: Callable[[], str]) -> 
         line = causes.likely(best.key, best.what, best.error, best.tolerance)
         return line + (f" Tried too: {'; '.join(t.brief() for t in others)}." if others else "")
     closed = closed_forms()
-    if not closed.startswith(causes.UNEXPLAINED):
-        return closed
+    if not closed.startswith(causes.UNEXPLAINED):  # a closed form named it: it says so, and why the graph did not
+        why = (f"the changes of the original's graph left more: {', '.join(t.brief() for t in found)}" if found
+               else f"no change of the original's graph is tried here: {why_not}")
+        return f"{closed} (Found on the port's own values; {why}.)"
     tail = closed[len(causes.UNEXPLAINED):].strip()
     on_graph = (f"on the original's graph: {', '.join(t.brief() for t in found)}" if found else
                 f"on the original's graph: none ({why_not})")
